@@ -1,0 +1,1 @@
+"""Megatron-LM adapter for zephon_core (filled in by the Megatron integration)."""

@@ -1,0 +1,1 @@
+"""TorchTitan adapter for zephon_core (filled in by the TorchTitan integration)."""

@@ -1,0 +1,38 @@
+"""zephon_core: deterministic, checkpointable, elastic data loading for distributed training.
+
+Each data-parallel rank builds its own ``Pipeline`` and works out, without
+communication, which samples it produces; pipelines coordinate only to
+checkpoint. This package imports no torch.
+"""
+
+from zephon_core.batch import Batch, Cursor, Segment
+from zephon_core.errors import AggregationError, ConfigError, DataError, StateError, ZephonError
+from zephon_core.lanes import owned_lanes
+from zephon_core.mixture import StaticMixture
+from zephon_core.pipeline import Pipeline
+from zephon_core.sources import JsonlSource, MegatronIndexedSource, MemorySource, ParquetSource, Source, TokenArraySource
+from zephon_core.state import diff_definitions, merge_states
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AggregationError",
+    "Batch",
+    "ConfigError",
+    "Cursor",
+    "DataError",
+    "JsonlSource",
+    "MegatronIndexedSource",
+    "MemorySource",
+    "ParquetSource",
+    "Pipeline",
+    "Segment",
+    "Source",
+    "StateError",
+    "StaticMixture",
+    "TokenArraySource",
+    "ZephonError",
+    "diff_definitions",
+    "merge_states",
+    "owned_lanes",
+]

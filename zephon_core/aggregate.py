@@ -1,0 +1,223 @@
+"""Merging the progress of all ranks into one checkpoint, through files only.
+
+Every pipeline counted in ``world_size`` calls ``checkpoint()`` at the same
+step. They meet in ``<aggregate_dir>/<run_id>/`` (a local or shared directory
+or an object-store prefix, through fsspec):
+
+1. the leader (``global_rank`` 0) removes files of earlier rounds and of
+   crashed attempts, then publishes ``round.json`` with a fresh random token;
+2. each follower waits for a round token it has not used yet and writes
+   ``state-<token>-<rank>.json`` (its own lanes);
+3. the leader waits for every rank's file (up to ``aggregate_timeout_s``,
+   then fails naming the missing ranks), merges them — data-parallel peers
+   must agree on every lane — and publishes ``merged-<token>.json``;
+4. followers read it and check that it carries their own lanes unchanged.
+
+Every file is published atomically (rename on a filesystem, a single PUT on
+an object store), so a reader never sees half of one. A follower that joined
+a stale round (left by a crashed attempt) moves to the leader's new token.
+The leader keeps the previous round's merged file until the next round, so a
+slow follower always finds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import fsspec
+
+from zephon_core.errors import AggregationError, StateError
+from zephon_core.sources.base import is_local
+from zephon_core.state import canonical_json, merge_states, parse_lanes
+
+ROUND_FILE = "round.json"
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+class _Dir:
+    """The run's folder, with atomic publication and uncached listing."""
+
+    def __init__(self, aggregate_dir: str, run_id: str, storage_options: dict[str, Any]) -> None:
+        fs, _, paths = fsspec.get_fs_token_paths(aggregate_dir, storage_options=storage_options)
+        self.fs = fs
+        self.local = is_local(fs)
+        self.path = paths[0].rstrip("/") + "/" + run_id
+        self.poll_s, self.poll_max_s = (0.005, 0.05) if self.local else (0.02, 0.25)
+        try:
+            fs.makedirs(self.path, exist_ok=True)
+        except OSError as e:
+            raise AggregationError(f"cannot create aggregate folder {self.path}: {e}") from None
+
+    def file(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    def write(self, name: str, value: Any) -> None:
+        data = canonical_json(value).encode()
+        target = self.file(name)
+        try:
+            if self.local:
+                fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.chmod(tmp, 0o644)
+                    os.replace(tmp, target)
+                except BaseException:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+                    raise
+            else:
+                self.fs.pipe_file(target, data)
+        except OSError as e:
+            raise AggregationError(f"cannot write {target}: {e}") from None
+
+    def read(self, name: str) -> Any | None:
+        """The parsed file, or None when it does not exist (yet)."""
+        target = self.file(name)
+        try:
+            data = self.fs.cat_file(target)
+        except FileNotFoundError:
+            return None
+        try:
+            return json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise AggregationError(f"{target} is not valid JSON ({e}); was it written by something else?") from None
+
+    def names(self) -> list[str]:
+        self.fs.invalidate_cache(self.path)
+        try:
+            return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.path, detail=False)]
+        except FileNotFoundError:
+            return []
+
+    def remove(self, names: list[str]) -> None:
+        for n in names:
+            try:
+                self.fs.rm_file(self.file(n))
+            except (FileNotFoundError, OSError):
+                pass
+
+
+class Aggregator:
+    """One pipeline's side of the protocol; it remembers the last round it took part in."""
+
+    def __init__(self, aggregate_dir: str, run_id: str, world_size: int, global_rank: int, timeout_s: float, storage_options: dict[str, Any]) -> None:
+        self.dir = _Dir(aggregate_dir, run_id, storage_options)
+        self.world_size = world_size
+        self.rank = global_rank
+        self.timeout_s = timeout_s
+        self.last_token: str | None = None
+        self.rounds = 0
+
+    def checkpoint(self, local_state: dict[str, Any]) -> dict[str, Any]:
+        self.rounds += 1
+        merged = self._lead(local_state) if self.rank == 0 else self._follow(local_state)
+        return merged
+
+    # -- leader ---------------------------------------------------------------
+    def _lead(self, local_state: dict[str, Any]) -> dict[str, Any]:
+        d = self.dir
+        keep = {f"merged-{self.last_token}.json"} if self.last_token else set()
+        d.remove([n for n in d.names() if n not in keep])
+        token = uuid.uuid4().hex
+        d.write(ROUND_FILE, {"token": token, "round": self.rounds, "world_size": self.world_size})
+        expected = {r: f"state-{token}-{r:05d}.json" for r in range(1, self.world_size)}
+        states: dict[int, dict[str, Any]] = {0: local_state}
+        deadline = _now() + self.timeout_s
+        delay = d.poll_s
+        while True:
+            present = set(d.names())
+            for r, name in expected.items():
+                if r not in states and name in present:
+                    st = d.read(name)
+                    if st is not None:
+                        states[r] = self._check_peer(st, r, d.file(name))
+            missing = sorted(set(expected) - set(states))
+            if not missing:
+                break
+            if _now() > deadline:
+                raise AggregationError(
+                    f"checkpoint aggregation timed out after {self.timeout_s:g}s in {d.path}: global rank(s) {missing} of "
+                    f"world_size={self.world_size} did not call checkpoint(); every pipeline counted in world_size must call it at the same step"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, d.poll_max_s)
+        order = sorted(states)
+        merged = merge_states([states[r] for r in order], world_size=self.world_size, labels=[f"rank {r}" for r in order])
+        C = merged["canonical_replicas"]
+        uncovered = [lane for lane in range(C) if str(lane) not in merged["lanes"]]
+        if uncovered:
+            raise AggregationError(
+                f"the {self.world_size} pipeline(s) of this checkpoint cover no lane(s) {uncovered} of canonical_replicas={C}: "
+                "world_size must count a pipeline of every data-parallel group"
+            )
+        merged["topology"]["dp_degree"] = max(st["topology"].get("dp_degree", 1) for st in states.values())
+        d.write(f"merged-{token}.json", merged)
+        if self.last_token:
+            d.remove([f"merged-{self.last_token}.json"])
+        d.remove(list(expected.values()))
+        self.last_token = token
+        return json.loads(canonical_json(merged))
+
+    def _check_peer(self, st: Any, rank: int, where: str) -> dict[str, Any]:
+        try:
+            parse_lanes(st)
+        except StateError as e:
+            raise AggregationError(f"{where}: {e}") from None
+        if st["topology"].get("global_rank") != rank:
+            raise AggregationError(f"{where}: holds the state of global_rank={st['topology'].get('global_rank')}, expected {rank}")
+        if st["topology"].get("world_size") != self.world_size:
+            raise AggregationError(f"{where}: rank {rank} has world_size={st['topology'].get('world_size')}, the leader has {self.world_size}")
+        return st
+
+    # -- follower -------------------------------------------------------------
+    def _follow(self, local_state: dict[str, Any]) -> dict[str, Any]:
+        d = self.dir
+        deadline = _now() + self.timeout_s
+        token: str | None = None
+        delay = d.poll_s
+        while True:
+            rnd = d.read(ROUND_FILE)
+            current = rnd.get("token") if isinstance(rnd, dict) else None
+            if current and current != self.last_token and current != token:
+                token = current  # (re)join the newest round
+                d.write(f"state-{token}-{self.rank:05d}.json", local_state)
+                # The leader may wait for slow ranks for its whole timeout; allow for it.
+                deadline = max(deadline, _now() + self.timeout_s + 5.0)
+            if token is not None:
+                merged = d.read(f"merged-{token}.json")
+                if merged is not None:
+                    self._check_merged(merged, local_state, d.file(f"merged-{token}.json"))
+                    self.last_token = token
+                    return merged
+            if _now() > deadline:
+                if token is None:
+                    raise AggregationError(
+                        f"checkpoint aggregation timed out after {self.timeout_s:g}s: global rank {self.rank} waited for the leader "
+                        f"(global_rank 0) to open a round in {d.path}; did rank 0 call checkpoint()?"
+                    )
+                raise AggregationError(
+                    f"checkpoint aggregation timed out: global rank {self.rank} wrote its state but the leader published no merged "
+                    f"state in {d.path}; see the leader's error"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, d.poll_max_s)
+
+    def _check_merged(self, merged: Any, local_state: dict[str, Any], where: str) -> None:
+        try:
+            lanes = parse_lanes(merged)
+        except StateError as e:
+            raise AggregationError(f"{where}: {e}") from None
+        mine = parse_lanes(local_state)
+        if merged["fingerprint"] != local_state["fingerprint"] or any(lanes.get(lane) != ls for lane, ls in mine.items()):
+            raise AggregationError(f"{where}: the merged state does not carry global rank {self.rank}'s progress unchanged")

@@ -1,0 +1,28 @@
+"""Exception types raised by zephon_core.
+
+Every error a user can cause derives from ``ZephonError`` and from the matching
+built-in type, so ``except ValueError`` keeps working for callers who do not
+know about Zephon.
+"""
+
+from __future__ import annotations
+
+
+class ZephonError(Exception):
+    """Base class of every error Zephon raises on purpose."""
+
+
+class ConfigError(ZephonError, ValueError):
+    """An option, recipe field or operator argument is invalid."""
+
+
+class DataError(ZephonError, ValueError):
+    """A source file is malformed; the message names the file and line/field."""
+
+
+class StateError(ZephonError, ValueError):
+    """A checkpoint state cannot be restored into this pipeline."""
+
+
+class AggregationError(ZephonError, RuntimeError):
+    """Ranks could not agree on a checkpoint (timeout, mismatch, bad round)."""

@@ -1,0 +1,163 @@
+"""The curriculum: one global sequence of work chunks over weighted sources.
+
+Chunk ``g`` is a pure function of the recipe, the seed and ``g``. Every source
+contributes a fixed number of documents to every chunk (its weight's
+largest-remainder share of ``chunk_size``), so source ``s`` has used exactly
+``g * count[s]`` documents before chunk ``g`` and no chunk depends on the ones
+before it. Position ``p`` of a source's infinite stream is document
+``perm_{s, p // n}(p % n)``: a fresh O(1)-memory permutation per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zephon_core.errors import ConfigError
+from zephon_core.permutation import IndexPermutation, derive_key
+from zephon_core.sources.base import Source
+
+EXHAUSTION_POLICIES = ("repeat", "stop")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Documents of one chunk as parallel arrays, in delivery order."""
+
+    index: int
+    sources: np.ndarray  # source number per document
+    documents: np.ndarray  # document number within that source
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+
+def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
+    """Integer shares of ``total`` proportional to ``weights`` (Hamilton's method)."""
+    s = math.fsum(weights)
+    quotas = [w / s * total for w in weights]
+    counts = [math.floor(q) for q in quotas]
+    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+class StaticMixture:
+    """A fixed-weight mixture of sources, cut into chunks of ``chunk_size`` documents.
+
+    Args:
+        sources: the sources to mix.
+        weights: one positive, finite weight per source (default: equal).
+        seed: selects the per-epoch permutations and the interleave of each chunk.
+        chunk_size: documents per chunk; a source's share of a chunk is its
+            weight's share of ``chunk_size``, so weights are resolved to
+            ``1/chunk_size``.
+        exhausted: ``"repeat"`` starts a new epoch of a source with a fresh
+            permutation; ``"stop"`` ends the curriculum when the first source
+            runs out (its last chunk is partial: no document of that source is
+            dropped).
+        shuffle: permute documents within each epoch (``False`` reads in file order).
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        weights: Sequence[float] | None = None,
+        *,
+        seed: int = 0,
+        chunk_size: int = 64,
+        exhausted: str = "repeat",
+        shuffle: bool = True,
+    ) -> None:
+        sources = list(sources)
+        if not sources:
+            raise ConfigError("StaticMixture needs at least one source")
+        if weights is None:
+            weights = [1.0] * len(sources)
+        weights = list(weights)
+        if len(weights) != len(sources):
+            raise ConfigError(f"StaticMixture: {len(weights)} weights for {len(sources)} sources")
+        for i, w in enumerate(weights):
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+                raise ConfigError(f"weights[{i}] (source {sources[i].name!r}) must be a positive finite number, got {w!r}")
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        if exhausted not in EXHAUSTION_POLICIES:
+            raise ConfigError(f"exhausted must be one of {EXHAUSTION_POLICIES}, got {exhausted!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        counts = largest_remainder(weights, chunk_size)
+        for i, c in enumerate(counts):
+            if c == 0:
+                raise ConfigError(
+                    f"weights[{i}] (source {sources[i].name!r}) is too small to get one document of a chunk of "
+                    f"{chunk_size}; raise chunk_size to at least {math.ceil(math.fsum(weights) / weights[i])}"
+                )
+        self.sources = sources
+        self.weights = weights
+        self.seed = seed
+        self.chunk_size = chunk_size
+        self.exhausted = exhausted
+        self.shuffle = shuffle
+        self.counts = counts
+        self._sizes = [len(s) for s in sources]
+        self._num_chunks = None if exhausted == "repeat" else min(math.ceil(n / c) for n, c in zip(self._sizes, counts))
+
+    @property
+    def num_chunks(self) -> int | None:
+        """Chunks in the curriculum, or None when it repeats forever."""
+        return self._num_chunks
+
+    def _positions(self, s: int, g: int) -> np.ndarray:
+        n, c = self._sizes[s], self.counts[s]
+        p = np.arange(g * c, (g + 1) * c, dtype=np.int64)
+        if self._num_chunks is not None:
+            p = p[p < n]
+        if not self.shuffle:
+            return p % n
+        out = np.empty_like(p)
+        epochs = p // n
+        for e in np.unique(epochs):
+            sel = epochs == e
+            out[sel] = IndexPermutation(n, derive_key("epoch", self.seed, s, int(e))).take(p[sel] % n)
+        return out
+
+    def chunk(self, g: int) -> Chunk | None:
+        """Chunk ``g``, or None past the end of a finite curriculum."""
+        if g < 0:
+            raise IndexError(g)
+        if self._num_chunks is not None and g >= self._num_chunks:
+            return None
+        srcs, docs = [], []
+        for s in range(len(self.sources)):
+            d = self._positions(s, g)
+            srcs.append(np.full(len(d), s, dtype=np.int64))
+            docs.append(d)
+        src = np.concatenate(srcs)
+        doc = np.concatenate(docs)
+        if self.shuffle and len(src) > 1:
+            order = IndexPermutation(len(src), derive_key("interleave", self.seed, g)).take(np.arange(len(src)))
+            src, doc = src[order], doc[order]
+        return Chunk(g, src, doc)
+
+    def definition(self) -> dict[str, Any]:
+        """Everything that defines the curriculum, for fingerprints and diffs."""
+        return {
+            "kind": "static_mixture",
+            "seed": self.seed,
+            "chunk_size": self.chunk_size,
+            "exhausted": self.exhausted,
+            "shuffle": self.shuffle,
+            "sources": [{"name": s.name, "weight": w, **s.fingerprint()} for s, w in zip(self.sources, self.weights)],
+        }
+
+    def describe(self) -> list[str]:
+        lines = [f"StaticMixture(seed={self.seed}, chunk_size={self.chunk_size}, exhausted={self.exhausted!r})"]
+        for s, w, c in zip(self.sources, self.weights, self.counts):
+            lines.append(f"  {s.describe()}  weight={w:g} -> {c}/{self.chunk_size} per chunk")
+        return lines

@@ -1,0 +1,249 @@
+"""Data recipes: TOML files that define a pipeline's data, validated strictly.
+
+    seed = 1234
+    chunk_size = 32
+    canonical_replicas = 8
+
+    [[sources]]
+    path = "corpus/a.jsonl"      # relative paths resolve from the recipe's folder
+    weight = 0.7                 # format = "jsonl" | "parquet" | "token_array" | "megatron"
+
+    [shuffle]                    # optional: shuffle packed rows in windows
+    window = 64
+
+    [aggregate]                  # needed when world_size > 1
+    dir = "/shared/zephon-agg"
+    run_id = "pretrain-7b"
+
+    [execution]                  # never changes the data
+    parallelism = 2
+
+    [standalone]                 # only for runs without a framework (demo, CLI);
+    tokenizer = "tokenizer.json" # TorchTitan and Megatron supply these themselves
+    seq_len = 128
+    batch_size = 4
+
+The schema is an OmegaConf structured config: an unknown key, a wrong type or
+a missing value is an error that names the file and the key.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from zephon_core.errors import ConfigError
+from zephon_core.mixture import EXHAUSTION_POLICIES, StaticMixture
+from zephon_core.ops import PACK_MODES
+from zephon_core.pipeline import Pipeline
+from zephon_core.sources import JsonlSource, MegatronIndexedSource, ParquetSource, Source, TokenArraySource
+
+TEXT_FORMATS = ("jsonl", "parquet")
+TOKEN_FORMATS = ("token_array", "megatron")
+
+
+@dataclass
+class SourceSpec:
+    path: str = "???"
+    format: str = "jsonl"
+    weight: float = 1.0
+    text_field: str = "text"
+    offsets: Optional[str] = None  # token_array: the .npy of document offsets
+    name: Optional[str] = None
+
+
+@dataclass
+class ShuffleSpec:
+    window: int = 0
+    seed: int = 0
+
+
+@dataclass
+class AggregateSpec:
+    dir: Optional[str] = None
+    run_id: Optional[str] = None
+    timeout_s: float = 180.0
+
+
+@dataclass
+class ExecutionSpec:
+    parallelism: int = 1
+    runner: str = "thread"
+    prefetch: int = 2
+    readahead: int = 1
+
+
+@dataclass
+class StandaloneSpec:
+    tokenizer: Optional[str] = None
+    seq_len: int = 128
+    batch_size: int = 4
+    bos_id: Optional[int] = None
+    eos_id: Optional[int] = None
+
+
+@dataclass
+class RecipeSpec:
+    sources: list[SourceSpec] = field(default_factory=list)
+    seed: int = 0
+    chunk_size: int = 64
+    exhausted: str = "repeat"
+    shuffle_documents: bool = True
+    pack_mode: str = "concat"
+    canonical_replicas: Optional[int] = None
+    shuffle: ShuffleSpec = field(default_factory=ShuffleSpec)
+    aggregate: AggregateSpec = field(default_factory=AggregateSpec)
+    execution: ExecutionSpec = field(default_factory=ExecutionSpec)
+    standalone: Optional[StandaloneSpec] = None
+
+
+class Recipe:
+    """A validated recipe; ``build()`` turns it into a ``Pipeline``."""
+
+    def __init__(self, spec: RecipeSpec, path: str, folder: Path) -> None:
+        self.spec = spec
+        self.path = path
+        self._folder = folder
+        self._check()
+
+    def _err(self, key: str, msg: str) -> ConfigError:
+        return ConfigError(f"{self.path}: {key}: {msg}")
+
+    def _check(self) -> None:
+        s = self.spec
+        if not s.sources:
+            raise self._err("sources", "at least one [[sources]] entry is required")
+        kinds = set()
+        for n, src in enumerate(s.sources):
+            if src.path == "???":
+                raise self._err(f"sources[{n}].path", "missing")
+            if src.format not in TEXT_FORMATS + TOKEN_FORMATS:
+                raise self._err(f"sources[{n}].format", f"unknown format {src.format!r}; use one of {TEXT_FORMATS + TOKEN_FORMATS}")
+            if not math.isfinite(src.weight) or src.weight <= 0:
+                raise self._err(f"sources[{n}].weight", f"must be a positive finite number, got {src.weight!r}")
+            if src.format == "token_array" and not src.offsets:
+                raise self._err(f"sources[{n}].offsets", "a token_array source needs the .npy file of document offsets")
+            kinds.add("text" if src.format in TEXT_FORMATS else "tokens")
+        if len(kinds) > 1:
+            raise self._err("sources", "mixes text and pretokenized sources; use one kind per recipe")
+        if s.exhausted not in EXHAUSTION_POLICIES:
+            raise self._err("exhausted", f"must be one of {EXHAUSTION_POLICIES}, got {s.exhausted!r}")
+        if s.pack_mode not in PACK_MODES:
+            raise self._err("pack_mode", f"must be one of {PACK_MODES}, got {s.pack_mode!r}")
+        for key, value, low in (("chunk_size", s.chunk_size, 1), ("shuffle.window", s.shuffle.window, 0),
+                                ("execution.parallelism", s.execution.parallelism, 1), ("execution.prefetch", s.execution.prefetch, 0),
+                                ("execution.readahead", s.execution.readahead, 0)):
+            if value < low:
+                raise self._err(key, f"must be >= {low}, got {value}")
+        if s.canonical_replicas is not None and s.canonical_replicas < 1:
+            raise self._err("canonical_replicas", f"must be >= 1, got {s.canonical_replicas}")
+        if s.standalone is not None:
+            for key in ("seq_len", "batch_size"):
+                if getattr(s.standalone, key) < 1:
+                    raise self._err(f"standalone.{key}", f"must be >= 1, got {getattr(s.standalone, key)}")
+
+    @property
+    def pretokenized(self) -> bool:
+        return self.spec.sources[0].format in TOKEN_FORMATS
+
+    def resolve(self, p: str) -> str:
+        """A recipe path: URLs and absolute paths as they are, others from the recipe's folder."""
+        if "://" in p or os.path.isabs(p):
+            return p
+        return str((self._folder / os.path.expanduser(p)).resolve()) if not p.startswith("~") else os.path.expanduser(p)
+
+    def sources(self) -> list[Source]:
+        out: list[Source] = []
+        for src in self.spec.sources:
+            path = self.resolve(src.path)
+            if src.format == "jsonl":
+                out.append(JsonlSource(path, src.text_field, name=src.name))
+            elif src.format == "parquet":
+                out.append(ParquetSource(path, src.text_field, name=src.name))
+            elif src.format == "token_array":
+                out.append(TokenArraySource(path, self.resolve(src.offsets or ""), name=src.name))
+            else:
+                out.append(MegatronIndexedSource(path, name=src.name))
+        return out
+
+    def work_source(self) -> StaticMixture:
+        s = self.spec
+        return StaticMixture(
+            self.sources(), [src.weight for src in s.sources], seed=s.seed, chunk_size=s.chunk_size,
+            exhausted=s.exhausted, shuffle=s.shuffle_documents,
+        )
+
+    def build(
+        self,
+        *,
+        seq_len: int,
+        batch_size: int,
+        tokenizer: Any = None,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        pad_id: int = 0,
+        **options: Any,
+    ) -> Pipeline:
+        """The pipeline this recipe defines; ``options`` are passed to ``Pipeline.options``."""
+        s = self.spec
+        p = Pipeline(self.work_source())
+        if not self.pretokenized:
+            if tokenizer is None:
+                raise self._err("sources", "text sources need a tokenizer")
+            p = p.tokenize(tokenizer, bos_id=bos_id, eos_id=eos_id, parallelism=s.execution.parallelism, runner=s.execution.runner)
+        p = p.pack(seq_len, mode=s.pack_mode, pad_id=pad_id)
+        if s.shuffle.window > 1:
+            p = p.shuffle(s.shuffle.window, seed=s.shuffle.seed)
+        p = p.batch(batch_size)
+        defaults: dict[str, Any] = {"prefetch": s.execution.prefetch, "readahead": s.execution.readahead}
+        if s.canonical_replicas is not None:
+            defaults["canonical_replicas"] = s.canonical_replicas
+        if s.aggregate.dir is not None:
+            defaults["aggregate_dir"] = self.resolve(s.aggregate.dir)
+        if s.aggregate.run_id is not None:
+            defaults["run_id"] = s.aggregate.run_id
+        defaults["aggregate_timeout_s"] = s.aggregate.timeout_s
+        return p.options(**{**defaults, **options})
+
+    def build_standalone(self, **options: Any) -> Pipeline:
+        """Build with the recipe's own ``[standalone]`` tokenizer, seq_len and batch size."""
+        st = self.spec.standalone
+        if st is None:
+            raise self._err("standalone", "this recipe has no [standalone] section (tokenizer, seq_len, batch_size)")
+        tokenizer = None
+        if not self.pretokenized:
+            if not st.tokenizer:
+                raise self._err("standalone.tokenizer", "text sources need a tokenizer file")
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(self.resolve(st.tokenizer))
+        return self.build(seq_len=st.seq_len, batch_size=st.batch_size, tokenizer=tokenizer, bos_id=st.bos_id, eos_id=st.eos_id, **options)
+
+
+def load_recipe(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Recipe:
+    """Read and validate a TOML recipe (``overrides`` are merged over the file)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    path = str(path)
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read recipe ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML ({e})") from None
+    try:
+        schema = OmegaConf.structured(RecipeSpec)
+        merged = OmegaConf.merge(schema, OmegaConf.create(raw), OmegaConf.create(overrides or {}))
+        spec = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or ""
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"{path}: {key + ': ' if key else ''}{msg}") from None
+    assert isinstance(spec, RecipeSpec)
+    return Recipe(spec, path, Path(path).resolve().parent)

@@ -1,0 +1,62 @@
+"""A safe on-disk cache for per-file document indexes.
+
+An index is a few NumPy arrays. It is stored as an ``.npz`` written
+atomically and loaded with ``allow_pickle=False``, together with the
+fingerprint of the file it describes; a cache whose fingerprint differs from
+the file's current one is ignored and rebuilt, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("ZEPHON_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zephon" / "index"
+
+
+def cache_path(root: Path, url: str, variant: str) -> Path:
+    digest = hashlib.blake2b(f"{url}\x1f{variant}".encode(), digest_size=16).hexdigest()
+    return root / f"{digest}.npz"
+
+
+def load(path: Path, fingerprint: dict[str, Any]) -> dict[str, np.ndarray] | None:
+    """The cached arrays, or None when missing, unreadable or stale."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            stored = json.loads(bytes(data["fingerprint"]).decode())
+            if stored != fingerprint:
+                return None
+            return {k: data[k] for k in data.files if k != "fingerprint"}
+    except (OSError, ValueError, KeyError, json.JSONDecodeError):
+        return None
+
+
+def store(path: Path, fingerprint: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Write atomically; a failure to cache is not an error (the index is rebuilt next time)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fp = np.frombuffer(json.dumps(fingerprint, sort_keys=True).encode(), dtype=np.uint8)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, fingerprint=fp, **arrays)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass

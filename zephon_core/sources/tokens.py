@@ -1,0 +1,164 @@
+"""Pretokenized documents: NumPy token arrays and Megatron indexed datasets.
+
+Both are memory-mapped, so opening a corpus of any size costs only its index.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from zephon_core.errors import DataError
+from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs
+
+
+def _local_path(path: str) -> str:
+    fs, p = open_fs(path)
+    if not is_local(fs):
+        raise DataError(f"{path}: token arrays are memory-mapped and must be on a local or shared filesystem")
+    return p
+
+
+def _check_offsets(offsets: np.ndarray, n_tokens: int, where: str) -> None:
+    if offsets.ndim != 1 or offsets.size < 2:
+        raise DataError(f"{where}: document offsets must be a 1-D array of at least 2 entries")
+    if not np.issubdtype(offsets.dtype, np.integer):
+        raise DataError(f"{where}: document offsets must be integers, got {offsets.dtype}")
+    if offsets[0] != 0 or offsets[-1] != n_tokens:
+        raise DataError(f"{where}: document offsets must start at 0 and end at the token count {n_tokens}, got {int(offsets[0])}..{int(offsets[-1])}")
+    if np.any(np.diff(offsets) < 0):
+        bad = int(np.argmax(np.diff(offsets) < 0))
+        raise DataError(f"{where}: document offsets decrease at entry {bad + 1}")
+
+
+class TokenArraySource(Source):
+    """Documents as slices of one token array.
+
+    ``tokens`` is a ``.npy`` file (or array) of integer token ids and
+    ``offsets`` a ``.npy`` file (or array) of ``n_documents + 1`` ascending
+    positions into it: document ``d`` is ``tokens[offsets[d]:offsets[d+1]]``.
+    """
+
+    def __init__(self, tokens: str | np.ndarray, offsets: str | np.ndarray, *, name: str | None = None) -> None:
+        self.name = name or (default_name(tokens) if isinstance(tokens, str) else "tokens")
+        where = tokens if isinstance(tokens, str) else self.name
+        self._tokens = self._load(tokens, "tokens")
+        self._offsets = np.asarray(self._load(offsets, "offsets"), dtype=np.int64)
+        if self._tokens.ndim != 1 or not np.issubdtype(self._tokens.dtype, np.integer):
+            raise DataError(f"{where}: tokens must be a 1-D integer array, got {self._tokens.dtype} with shape {self._tokens.shape}")
+        _check_offsets(self._offsets, len(self._tokens), offsets if isinstance(offsets, str) else f"{self.name} offsets")
+        self._paths = (tokens, offsets) if isinstance(tokens, str) and isinstance(offsets, str) else None
+        self._require_nonempty(where)
+
+    @staticmethod
+    def _load(x: str | np.ndarray, what: str) -> np.ndarray:
+        if not isinstance(x, str):
+            return np.asarray(x)
+        try:
+            return np.load(_local_path(x), mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise DataError(f"{x}: cannot read the {what} array ({e})") from None
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def read(self, indices: Sequence[int]) -> list[Any]:
+        o = self._offsets
+        return [np.asarray(self._tokens[o[i] : o[i + 1]], dtype=np.int64) for i in indices]
+
+    def fingerprint(self) -> dict[str, Any]:
+        if self._paths is not None:
+            parts = [content_fingerprint(*open_fs(p)) for p in self._paths]
+        else:
+            import hashlib
+
+            parts = [{"blake2b": hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).hexdigest()} for a in (self._tokens, self._offsets)]
+        return {"kind": "token_array", "dtype": str(self._tokens.dtype), "tokens": parts[0], "offsets": parts[1]}
+
+
+# The Megatron indexed-dataset layout (megatron.core.datasets.indexed_dataset):
+# "MMIDIDX\0\0", <Q version=1>, <B dtype code>, <Q sequence count>,
+# <Q document-index count>, int32 lengths, int64 byte pointers, int64 document
+# indices (sequence numbers at which documents start, beginning with 0).
+_MAGIC = b"MMIDIDX\x00\x00"
+_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
+_HEADER = struct.Struct("<9sQBQQ")
+
+
+class MegatronIndexedSource(Source):
+    """A Megatron ``.bin``/``.idx`` pair as written by ``preprocess_data.py``.
+
+    ``prefix`` is the path without extension. A document is the concatenation
+    of the sequences between two document indices, as Megatron defines it.
+    """
+
+    def __init__(self, prefix: str, *, name: str | None = None) -> None:
+        self.prefix = str(prefix)
+        self.name = name or default_name(self.prefix)
+        self._idx_path = _local_path(self.prefix + ".idx")
+        self._bin_path = _local_path(self.prefix + ".bin")
+        self._read_index()
+        self._require_nonempty(self.prefix)
+
+    def _read_index(self) -> None:
+        idx = self._idx_path
+        try:
+            size = os.path.getsize(idx)
+            with open(idx, "rb") as f:
+                head = f.read(_HEADER.size)
+        except OSError as e:
+            raise DataError(f"{idx}: cannot read ({e.strerror})") from None
+        if len(head) < _HEADER.size:
+            raise DataError(f"{idx}: truncated header ({len(head)} of {_HEADER.size} bytes)")
+        magic, version, code, n_seq, n_doc_idx = _HEADER.unpack(head)
+        if magic != _MAGIC:
+            raise DataError(f"{idx}: not a Megatron index (magic {magic!r})")
+        if version != 1:
+            raise DataError(f"{idx}: unsupported index version {version}")
+        if code not in _DTYPES or code in (6, 7):
+            raise DataError(f"{idx}: field dtype code {code} is not an integer token type")
+        need = _HEADER.size + n_seq * (4 + 8) + n_doc_idx * 8
+        if size < need:
+            raise DataError(f"{idx}: truncated: {size} bytes, the header's sequence_count={n_seq} and document_count={n_doc_idx} need {need}")
+        mm = np.memmap(idx, mode="r", dtype=np.uint8)
+        off = _HEADER.size
+        self._lengths = np.frombuffer(mm, np.int32, n_seq, off)
+        self._pointers = np.frombuffer(mm, np.int64, n_seq, off + 4 * n_seq)
+        self._doc_index = np.frombuffer(mm, np.int64, n_doc_idx, off + 12 * n_seq)
+        self._dtype = np.dtype(_DTYPES[code])
+        if n_doc_idx < 1 or self._doc_index[0] != 0 or self._doc_index[-1] != n_seq or np.any(np.diff(self._doc_index) < 0):
+            raise DataError(f"{idx}: field document_indices is not an ascending list from 0 to sequence_count={n_seq}")
+        try:
+            bin_size = os.path.getsize(self._bin_path)
+        except OSError as e:
+            raise DataError(f"{self._bin_path}: cannot read ({e.strerror})") from None
+        end = int(self._pointers[-1]) + int(self._lengths[-1]) * self._dtype.itemsize if n_seq else 0
+        if bin_size < end:
+            raise DataError(f"{self._bin_path}: truncated: {bin_size} bytes, the index points up to byte {end}")
+        self._bin = np.memmap(self._bin_path, mode="r", dtype=np.uint8) if bin_size else np.zeros(0, np.uint8)
+
+    def __len__(self) -> int:
+        return len(self._doc_index) - 1
+
+    def read(self, indices: Sequence[int]) -> list[Any]:
+        out = []
+        for d in indices:
+            first, last = int(self._doc_index[d]), int(self._doc_index[d + 1])
+            parts = [
+                np.frombuffer(self._bin, self._dtype, int(self._lengths[s]), int(self._pointers[s]))
+                for s in range(first, last)
+            ]
+            out.append(np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64))
+        return out
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "kind": "megatron_indexed",
+            "dtype": str(self._dtype),
+            "idx": content_fingerprint(*open_fs(self._idx_path)),
+            "bin": content_fingerprint(*open_fs(self._bin_path)),
+        }
