@@ -37,7 +37,11 @@ class Phase:
 
 
 def run_phase(
-    make: PipelineFactory, phase: Phase, batches_per_step: int, state: dict[str, Any] | None
+    make: PipelineFactory,
+    phase: Phase,
+    batches_per_step: int,
+    state: dict[str, Any] | None,
+    on_step: Callable[[Phase], None] | None = None,
 ) -> tuple[list[StepRecord], dict[str, Any]]:
     """Run ``phase.steps`` global steps on ``phase.dp_degree`` groups; returns the records and the merged state."""
     G = phase.dp_degree
@@ -59,6 +63,8 @@ def run_phase(
                     rows.extend(zip(b.row_digests(), b.provenance))
             rows.sort()
             records.append(StepRecord([d for d, _ in rows], [s for _, s in rows]))
+            if on_step is not None:
+                on_step(phase)
         merged = merge_states([p.checkpoint() for p in pipelines])
         return records, merged
     finally:
@@ -66,11 +72,17 @@ def run_phase(
             p.close()
 
 
-def run_schedule(make: PipelineFactory, phases: Sequence[Phase], batches_per_step: int, state: dict[str, Any] | None = None) -> list[StepRecord]:
+def run_schedule(
+    make: PipelineFactory,
+    phases: Sequence[Phase],
+    batches_per_step: int,
+    state: dict[str, Any] | None = None,
+    on_step: Callable[[Phase], None] | None = None,
+) -> list[StepRecord]:
     """Run phases one after another, each resuming from the previous one's checkpoint."""
     records: list[StepRecord] = []
     for phase in phases:
-        recs, state = run_phase(make, phase, batches_per_step, state)
+        recs, state = run_phase(make, phase, batches_per_step, state, on_step)
         records.extend(recs)
     return records
 
