@@ -7,7 +7,8 @@
 #
 #   source scripts/env.sh     -> exports ZEPHON_VENV, ZEPHON_PY, ZEPHON_TT022
 #   bash scripts/env.sh       -> builds it if missing and prints its path
-set -euo pipefail
+#
+# Sourcing leaves the caller's shell options as they were.
 
 _zephon_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -25,7 +26,7 @@ _zephon_find_python312() {
 
 _zephon_build_env() {
   local py key home venv tt022 log
-  py="$(_zephon_find_python312)"
+  py="$(_zephon_find_python312)" || return 1
   key="$( { cat "$_zephon_root"/requirements/*.txt; "$py" -VV; } | sha256sum | cut -c1-16)"
   home="${ZEPHON_ENV_HOME:-$HOME/.cache/zephon-env}"
   venv="$home/py312-$key"
@@ -38,18 +39,21 @@ _zephon_build_env() {
     if [[ ! -f "$venv/.complete" ]]; then
       echo "zephon: building the environment in $venv (first run only, ~10 min)" >&2
       rm -rf "$venv"
-      "$py" -m venv "$venv"
-      "$venv/bin/python" -m pip install --quiet --upgrade pip
-      "$venv/bin/python" -m pip install --quiet -r "$_zephon_root/requirements/env.txt"
-      "$venv/bin/python" -m pip install --quiet --no-deps --target "$tt022" -r "$_zephon_root/requirements/torchtitan-0.2.txt"
-      touch "$venv/.complete"
+      "$py" -m venv "$venv" \
+        && "$venv/bin/python" -m pip install --quiet --upgrade pip \
+        && "$venv/bin/python" -m pip install --quiet -r "$_zephon_root/requirements/env.txt" \
+        && "$venv/bin/python" -m pip install --quiet --no-deps --target "$tt022" -r "$_zephon_root/requirements/torchtitan-0.2.txt" \
+        && touch "$venv/.complete" \
+        || { echo "zephon: building the environment failed" >&2; exec 9>&-; return 1; }
     fi
     exec 9>&-
   fi
   export ZEPHON_VENV="$venv" ZEPHON_PY="$venv/bin/python" ZEPHON_TT022="$tt022"
 }
 
-_zephon_build_env
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  _zephon_build_env || exit 1
   echo "$ZEPHON_VENV"
+else
+  _zephon_build_env || return 1
 fi

@@ -1,0 +1,344 @@
+"""A local, throwaway S3 endpoint for tests (moto's standalone server).
+
+The server listens on 127.0.0.1 on a port chosen by the kernel (never a fixed
+one), so concurrent test runs on one machine do not collide, and every process
+on the machine (MPI ranks, torchrun workers, subprocesses) can reach it over
+loopback.
+
+Three ways in:
+
+* ``S3Endpoint`` / ``start_s3_server()``: start a server, create a bucket, get
+  the fsspec storage options (the returned object *is* that dict).
+* ``s3_env(endpoint)``: the AWS_* environment that makes boto3/s3fs talk to it
+  without explicit options (``apply_env`` sets it and returns an undo).
+* ``shared_s3_server(comm)``: the MPI variant: rank 0 owns the server, every
+  rank gets the same endpoint through ``comm.bcast``.
+
+Running ``python tests/s3_server.py`` serves until stdin closes and prints the
+endpoint URL as its first stdout line; the ``mode="process"`` server uses that.
+
+Don't mix the in-thread server with ``moto.mock_aws`` in the same process:
+both use moto's process-global backends. Use ``mode="process"`` there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+HOST = "127.0.0.1"
+DEFAULT_BUCKET = "zephon-test"
+REGION = "us-east-1"
+KEY = "zephon-test-key"
+SECRET = "zephon-test-secret"
+
+__all__ = [
+    "S3Endpoint",
+    "S3Server",
+    "start_s3_server",
+    "s3_env",
+    "apply_env",
+    "shared_s3_server",
+    "soft_barrier",
+]
+
+
+class S3Endpoint(dict):
+    """fsspec storage options for the test server, plus where it is.
+
+    It is a plain ``dict`` of storage options, so ``fsspec.filesystem("s3",
+    **ep)`` and ``fsspec.open(url, **ep)`` work as is; the extra attributes
+    survive pickling (and so ``comm.bcast``).
+    """
+
+    def __init__(self, endpoint_url: str, bucket: str):
+        super().__init__(
+            client_kwargs={"endpoint_url": endpoint_url, "region_name": REGION},
+            key=KEY,
+            secret=SECRET,
+        )
+        self.endpoint_url = endpoint_url
+        self.bucket = bucket
+
+    @property
+    def storage_options(self) -> dict:
+        """A fresh plain-dict copy (safe to mutate)."""
+        return {
+            "client_kwargs": dict(self["client_kwargs"]),
+            "key": self["key"],
+            "secret": self["secret"],
+        }
+
+    def url(self, *parts: str) -> str:
+        """``s3://<bucket>/<parts joined by '/'>``."""
+        tail = "/".join(p.strip("/") for p in parts if p)
+        return f"s3://{self.bucket}/{tail}" if tail else f"s3://{self.bucket}"
+
+    def filesystem(self, **extra: Any):
+        """An s3fs filesystem for this endpoint (not fsspec's cached one)."""
+        import fsspec
+
+        return fsspec.filesystem("s3", skip_instance_cache=True, **self.storage_options, **extra)
+
+    def __reduce__(self):
+        return (type(self), (self.endpoint_url, self.bucket))
+
+    def __repr__(self) -> str:
+        return f"S3Endpoint({self.endpoint_url!r}, bucket={self.bucket!r})"
+
+
+def s3_env(endpoint: S3Endpoint) -> dict[str, str]:
+    """Environment that points boto3/botocore/s3fs at ``endpoint``."""
+    no_proxy = [h for h in os.environ.get("NO_PROXY", "").split(",") if h]
+    for h in (HOST, "localhost"):
+        if h not in no_proxy:
+            no_proxy.append(h)
+    return {
+        "AWS_ACCESS_KEY_ID": KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_SESSION_TOKEN": "",
+        "AWS_SECURITY_TOKEN": "",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_REGION": REGION,
+        "AWS_ENDPOINT_URL": endpoint.endpoint_url,
+        "AWS_ENDPOINT_URL_S3": endpoint.endpoint_url,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "NO_PROXY": ",".join(no_proxy),
+        "no_proxy": ",".join(no_proxy),
+    }
+
+
+def apply_env(endpoint: S3Endpoint, environ: Any = None) -> Callable[[], None]:
+    """Set ``s3_env(endpoint)`` in ``environ`` (default ``os.environ``).
+
+    Empty values unset the variable. Returns a function restoring the old
+    values. (pytest users can use ``monkeypatch.setenv`` instead.)
+    """
+    env = os.environ if environ is None else environ
+    saved = {k: env.get(k) for k in s3_env(endpoint)}
+    for k, v in s3_env(endpoint).items():
+        if v:
+            env[k] = v
+        else:
+            env.pop(k, None)
+
+    def undo() -> None:
+        for k, old in saved.items():
+            if old is None:
+                env.pop(k, None)
+            else:
+                env[k] = old
+
+    return undo
+
+
+def _quiet_werkzeug() -> None:
+    # one INFO line per request otherwise ends up in every failing test's report
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+
+def _create_bucket(endpoint_url: str, bucket: str) -> None:
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET,
+        region_name=REGION,
+    )
+    try:
+        client.create_bucket(Bucket=bucket)
+    finally:
+        client.close()
+
+
+class S3Server:
+    """moto's S3 server on 127.0.0.1:<kernel-chosen port>.
+
+    ``mode="thread"`` (default) runs it in a daemon thread of this process
+    (about 1 s to start); ``mode="process"`` runs it in a child Python, which
+    keeps moto's global state and the GIL out of the test process.
+    Use as a context manager or call ``start()``/``stop()``.
+    """
+
+    def __init__(self, bucket: str = DEFAULT_BUCKET, mode: str = "thread", start_timeout: float = 60.0):
+        if mode not in ("thread", "process"):
+            raise ValueError(f"mode must be 'thread' or 'process', not {mode!r}")
+        self.bucket = bucket
+        self.mode = mode
+        self.start_timeout = start_timeout
+        self.endpoint: S3Endpoint | None = None
+        self._server = None
+        self._proc: subprocess.Popen | None = None
+
+    def start(self) -> S3Endpoint:
+        if self.endpoint is not None:
+            return self.endpoint
+        url = self._start_thread() if self.mode == "thread" else self._start_process()
+        try:
+            _create_bucket(url, self.bucket)
+        except BaseException:
+            self.stop()
+            raise
+        self.endpoint = S3Endpoint(url, self.bucket)
+        return self.endpoint
+
+    def _start_thread(self) -> str:
+        from moto.server import ThreadedMotoServer
+
+        _quiet_werkzeug()
+        self._server = ThreadedMotoServer(ip_address=HOST, port=0, verbose=False)
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        return f"http://{host}:{port}"
+
+    def _start_process(self) -> str:
+        self._proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = _readline_with_timeout(self._proc, self.start_timeout)
+        if not line.startswith("http://"):
+            self.stop()
+            raise RuntimeError(f"moto server child did not report its endpoint (got {line!r})")
+        return line.strip()
+
+    def stop(self) -> None:
+        self.endpoint = None
+        if self._server is not None:
+            server, self._server = self._server, None
+            server.stop()
+        if self._proc is not None:
+            proc, self._proc = self._proc, None
+            with contextlib.suppress(OSError):
+                proc.stdin.close()  # the child exits when stdin closes
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+    def __enter__(self) -> S3Endpoint:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _readline_with_timeout(proc: subprocess.Popen, timeout: float) -> str:
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            return ""
+    return proc.stdout.readline()
+
+
+@contextlib.contextmanager
+def start_s3_server(bucket: str = DEFAULT_BUCKET, mode: str = "thread", set_env: bool = True) -> Iterator[S3Endpoint]:
+    """Context manager: a running server with ``bucket`` created.
+
+    With ``set_env`` the AWS_* variables of ``s3_env`` are set for the
+    duration (and restored afterwards).
+    """
+    with S3Server(bucket=bucket, mode=mode) as ep:
+        undo = apply_env(ep) if set_env else (lambda: None)
+        try:
+            yield ep
+        finally:
+            undo()
+
+
+def soft_barrier(comm, timeout: float) -> bool:
+    """MPI barrier that sleeps instead of spinning and gives up after ``timeout``."""
+    req = comm.Ibarrier()
+    deadline = time.monotonic() + timeout
+    while not req.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@contextlib.contextmanager
+def shared_s3_server(
+    comm,
+    bucket: str = DEFAULT_BUCKET,
+    mode: str = "thread",
+    set_env: bool = True,
+    root: int = 0,
+    teardown_barrier: Callable[[], bool] | None = None,
+    teardown_timeout: float = 60.0,
+) -> Iterator[S3Endpoint]:
+    """One server for all ranks of ``comm`` (an mpi4py communicator).
+
+    Collective: every rank must enter it. ``root`` starts the server and
+    broadcasts the endpoint (or its start-up error, re-raised on every rank).
+    On exit the ranks wait for each other (at most ``teardown_timeout`` s,
+    without spinning) before ``root`` stops the server; pass
+    ``teardown_barrier=lambda: False`` to skip the wait (e.g. after a failure,
+    when the other ranks may never arrive).
+    """
+    server = None
+    payload: Any
+    if comm.rank == root:
+        server = S3Server(bucket=bucket, mode=mode)
+        try:
+            payload = server.start()
+        except Exception as exc:  # report to the other ranks instead of hanging them
+            payload = RuntimeError(f"rank {root} could not start the S3 server: {exc!r}")
+    else:
+        payload = None
+    payload = comm.bcast(payload, root=root)
+    if isinstance(payload, BaseException):
+        raise payload
+    ep: S3Endpoint = payload
+    undo = apply_env(ep) if set_env else (lambda: None)
+    try:
+        yield ep
+    finally:
+        undo()
+        if teardown_barrier is None:
+            soft_barrier(comm, teardown_timeout)
+        else:
+            teardown_barrier()
+        if server is not None:
+            server.stop()
+
+
+def _serve_forever() -> int:
+    from moto.server import ThreadedMotoServer
+
+    _quiet_werkzeug()
+    server = ThreadedMotoServer(ip_address=HOST, port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    print(f"http://{host}:{port}", flush=True)
+    try:
+        sys.stdin.read()  # until the parent closes our stdin (or dies)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        raise SystemExit(_serve_forever())
+    print(__doc__)
+    raise SystemExit(2)
