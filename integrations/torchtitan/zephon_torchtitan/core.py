@@ -1,0 +1,220 @@
+"""What both TorchTitan generations share: building the Pipeline, the start-up
+validators, the batch format and the checkpoint slot.
+
+Imports torch, never torchtitan: the version-specific glue lives in
+``tt03.py`` (0.3.x, config recipes and overrides) and ``tt02.py`` (0.2.x,
+TOML job files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from zephon_core import ConfigError, Pipeline
+from zephon_core.recipe import Recipe, load_recipe
+
+#: TorchTitan's ignore index for labels (torchtitan.components.loss.IGNORE_INDEX).
+IGNORE_INDEX = -100
+#: DCP key under ``dataloader.``; one value, identical on every rank (the merged state).
+STATE_KEY = "zephon_state"
+#: Bytes reserved for the state in the checkpoint: DCP loads tensors into
+#: pre-sized buffers, so the slot has a fixed size that must not change between
+#: a save and its load. 256 KiB holds thousands of lanes.
+DEFAULT_STATE_CAPACITY = 1 << 18
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The adapter's own settings, whatever config generation carried them."""
+
+    recipe: str
+    canonical_replicas: int = 0  # 0: from the recipe
+    aggregate_dir: str = ""  # "": from the recipe
+    run_id: str = ""  # "": from the recipe
+    aggregate_timeout_s: float = 0.0  # 0: from the recipe
+    global_batch_size: int = 0  # 0: from the trainer
+    state_capacity_bytes: int = DEFAULT_STATE_CAPACITY
+
+
+def resolve_recipe(settings: Settings) -> Recipe:
+    if not settings.recipe:
+        raise ConfigError("zephon: no data recipe given; pass recipe=<path to a TOML data recipe>")
+    recipe = load_recipe(settings.recipe)
+    if recipe.spec.standalone is not None:
+        raise ConfigError(
+            f"{settings.recipe}: standalone: TorchTitan supplies the tokenizer, seq_len and batch size; "
+            "remove the [standalone] section from a recipe used for training"
+        )
+    return recipe
+
+
+class TokenizerAdapter:
+    """Encodes with a TorchTitan tokenizer; batch-encodes through its ``tokenizers.Tokenizer``."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tt = tokenizer
+        self._fast = getattr(tokenizer, "tokenizer", None)
+        self.bos_id = getattr(tokenizer, "bos_id", None)
+        self.eos_id = getattr(tokenizer, "eos_id", None)
+        if self._fast is not None and hasattr(self._fast, "to_str"):
+            self.to_str = self._fast.to_str
+            self.encode_batch = self._fast.encode_batch
+            self.zephon_identity = None
+        else:
+            self.zephon_identity = f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__}"
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tt.encode(text, add_bos=False, add_eos=False))
+
+    def __reduce__(self) -> Any:  # for runner="process": ship the wrapped tokenizer
+        return (TokenizerAdapter, (self._tt,))
+
+
+def check_topology(C: int, dp_degree: int, batches_per_step: int | None, world_size: int, aggregate_dir: str | None, run_id: str | None) -> None:
+    """The start-up validators: refuse, before training, runs outside the elastic guarantee."""
+    if C % dp_degree:
+        divisors = [g for g in range(1, C + 1) if C % g == 0]
+        raise ValueError(
+            f"zephon: canonical_replicas={C} is not divisible by the data-parallel degree {dp_degree} "
+            f"(dp_replicate x dp_shard); use a dp degree among {divisors} or a canonical_replicas that is a multiple of {dp_degree}"
+        )
+    if batches_per_step is not None and batches_per_step % C:
+        raise ValueError(
+            f"zephon: each optimizer step consumes {batches_per_step} batches over all data-parallel ranks "
+            f"(global_batch_size / local_batch_size), which is not a multiple of canonical_replicas={C}; "
+            f"make it a multiple of {C} (e.g. global_batch_size = local_batch_size x {C * max(1, -(-batches_per_step // C))}) "
+            "so every step holds the same samples after a resize"
+        )
+    if world_size > 1 and (not aggregate_dir or not run_id):
+        missing = " and ".join(n for n, v in (("aggregate_dir", aggregate_dir), ("run_id", run_id)) if not v)
+        raise ValueError(f"zephon: a {world_size}-rank run checkpoints through a shared folder; set {missing} in the recipe's [aggregate] section or the loader options")
+
+
+def coordination_identity() -> tuple[int, int]:
+    """Every rank builds a Pipeline, so the coordination group is the whole job."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+class ZephonStream:
+    """A Pipeline plus the conversion to TorchTitan's batches and checkpoint slot."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: Any,
+        seq_len: int,
+        local_batch_size: int,
+        batches_per_step: int | None,
+        validation: bool = False,
+    ) -> None:
+        recipe = resolve_recipe(settings)
+        spec = recipe.spec
+        C = settings.canonical_replicas or spec.canonical_replicas or dp_world_size
+        world_size, global_rank = coordination_identity()
+        aggregate_dir = settings.aggregate_dir or (recipe.resolve(spec.aggregate.dir) if spec.aggregate.dir else None)
+        run_id = settings.run_id or spec.aggregate.run_id
+        if validation:
+            # A validation loader never checkpoints: no coordination, no step-size rule.
+            world_size, global_rank, batches_per_step = 1, 0, None
+        check_topology(C, dp_world_size, batches_per_step, world_size, aggregate_dir, run_id)
+        tok = TokenizerAdapter(tokenizer) if not recipe.pretokenized else None
+        options: dict[str, Any] = dict(
+            dp_degree=dp_world_size, dp_group_id=dp_rank, canonical_replicas=C, world_size=world_size, global_rank=global_rank,
+            pipelines_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        )
+        if world_size > 1:
+            options.update(aggregate_dir=aggregate_dir, run_id=run_id, aggregate_timeout_s=settings.aggregate_timeout_s or spec.aggregate.timeout_s)
+        self.pipeline: Pipeline = recipe.build(
+            seq_len=seq_len,
+            batch_size=local_batch_size,
+            tokenizer=tok,
+            bos_id=tok.bos_id if tok else None,
+            eos_id=tok.eos_id if tok else None,
+            **options,
+        )
+        self.capacity = settings.state_capacity_bytes
+        self.batches_per_step = batches_per_step
+        self._iter: Iterator[Any] | None = None
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        if self._iter is None:
+            self._iter = iter(self.pipeline)
+        audit = open_batch_log()
+        for b in self._iter:
+            if audit is not None:
+                audit.write(f"{b.lane} {b.lane_index} {b.digest}\n")
+                audit.flush()
+            labels = np.where(b.loss_mask, b.labels, IGNORE_INDEX)
+            yield (
+                {"input": torch.from_numpy(b.input_ids), "positions": torch.from_numpy(b.positions)},
+                torch.from_numpy(labels),
+            )
+
+    # -- checkpoint slot ------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {STATE_KEY: encode_state(self.pipeline.checkpoint(), self.capacity)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        if STATE_KEY not in state_dict:
+            raise ValueError(f"zephon: the checkpoint's dataloader state has no {STATE_KEY!r} (keys: {sorted(state_dict)}); it was not written by the Zephon loader")
+        self.pipeline.restore(decode_state(state_dict[STATE_KEY]))
+
+
+def open_batch_log() -> Any:
+    """The audit log named by ``ZEPHON_BATCH_LOG`` (``{rank}`` is replaced), or None.
+
+    One line per delivered batch: ``lane lane_index digest``. The global step
+    of a batch is ``lane_index // (batches_per_step / canonical_replicas)``
+    whatever the topology, which is what makes runs comparable step by step.
+    """
+    pattern = os.environ.get("ZEPHON_BATCH_LOG")
+    if not pattern:
+        return None
+    _, rank = coordination_identity()
+    path = pattern.replace("{rank}", str(rank))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return open(path, "a", encoding="utf-8")
+
+
+def encode_state(state: dict[str, Any], capacity: int) -> torch.Tensor:
+    """The state as JSON in a fixed-size uint8 tensor: 8-byte length, then the bytes."""
+    data = json.dumps(state, sort_keys=True, separators=(",", ":")).encode()
+    if len(data) + 8 > capacity:
+        raise ValueError(f"zephon: the loader state needs {len(data) + 8} bytes, more than state_capacity_bytes={capacity}; raise it (for new runs)")
+    buf = np.zeros(capacity, dtype=np.uint8)
+    buf[:8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
+    buf[8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
+    return torch.from_numpy(buf)
+
+
+def decode_state(value: Any) -> dict[str, Any]:
+    """Inverse of ``encode_state``; accepts a tensor or anything array-like. Never unpickles."""
+    arr = (value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)).astype(np.uint8, copy=False).ravel()
+    if arr.size < 8:
+        raise ValueError("zephon: the checkpoint's loader state slot is truncated")
+    n = int.from_bytes(arr[:8].tobytes(), "little")
+    if n <= 0 or 8 + n > arr.size:
+        raise ValueError(f"zephon: the checkpoint's loader state slot is corrupt (length {n} in a slot of {arr.size} bytes)")
+    try:
+        state = json.loads(arr[8 : 8 + n].tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"zephon: the checkpoint's loader state is not valid JSON ({e})") from None
+    if not isinstance(state, dict):
+        raise ValueError("zephon: the checkpoint's loader state is not a JSON object")
+    return state

@@ -1,0 +1,168 @@
+"""TorchTitan 0.2.x (TOML job files): enable Zephon from the job file alone.
+
+    [job]
+    custom_config_module = "zephon_torchtitan.tt02"   # adds the [zephon] section
+    [experimental]
+    custom_import = "zephon_torchtitan.tt02"          # registers "<model>_zephon" train specs
+    [model]
+    name = "llama3_zephon"
+    [zephon]
+    recipe = "configs/data/tt_train.toml"
+
+Every ``[zephon]`` field is also a ``--zephon.<field>`` flag.
+"""
+
+# No "from __future__ import annotations": TorchTitan 0.2 resolves the JobConfig field types itself.
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.validate import Validator
+from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
+
+from zephon_torchtitan.core import DEFAULT_STATE_CAPACITY, Settings, ZephonStream
+
+BASE_MODELS = ("llama3", "llama4", "qwen3", "deepseek_v3")
+
+
+@dataclass
+class ZephonSection:
+    recipe: str = ""
+    """TOML data recipe for training."""
+    validation_recipe: str = ""
+    """Held-out TOML data recipe for [validation]; required when validation is enabled."""
+    canonical_replicas: int = 0
+    """Lanes; 0 takes the recipe's value (or the first dp degree)."""
+    aggregate_dir: str = ""
+    """Shared folder or object-store prefix for checkpoint aggregation; "" takes the recipe's."""
+    run_id: str = ""
+    """Unique name of this run in aggregate_dir; "" takes the recipe's."""
+    aggregate_timeout_s: float = 0.0
+    """Seconds rank 0 waits for the others at a checkpoint; 0 takes the recipe's."""
+    state_capacity_bytes: int = DEFAULT_STATE_CAPACITY
+    """Fixed size of the checkpoint slot; keep it equal between a save and its resume."""
+
+
+@dataclass
+class JobConfig:
+    """Merged into TorchTitan's JobConfig by ``[job] custom_config_module``."""
+
+    zephon: ZephonSection = field(default_factory=ZephonSection)
+
+
+_TYPES = {"recipe": str, "validation_recipe": str, "canonical_replicas": int, "aggregate_dir": str, "run_id": str,
+          "aggregate_timeout_s": (int, float), "state_capacity_bytes": int}
+
+
+def settings_from(job_config: Any) -> Settings:
+    """Our section, type-checked: TorchTitan 0.2 only warns about wrong types in custom sections."""
+    section = getattr(job_config, "zephon", None)
+    if section is None:
+        raise ValueError("zephon: the job has no [zephon] section; set [job] custom_config_module = \"zephon_torchtitan.tt02\"")
+    for name, kind in _TYPES.items():
+        value = getattr(section, name)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"zephon: [zephon] {name} must be {getattr(kind, '__name__', 'a number')}, got {value!r}")
+    return Settings(
+        recipe=section.recipe,
+        canonical_replicas=section.canonical_replicas,
+        aggregate_dir=section.aggregate_dir,
+        run_id=section.run_id,
+        aggregate_timeout_s=float(section.aggregate_timeout_s),
+        state_capacity_bytes=section.state_capacity_bytes,
+    )
+
+
+class ZephonDataLoader022(BaseDataLoader):
+    """The Zephon loader in TorchTitan 0.2's loader slot."""
+
+    def __init__(self, stream: ZephonStream) -> None:
+        self._stream = stream
+
+    @property
+    def pipeline(self):
+        return self._stream.pipeline
+
+    def __iter__(self):
+        return iter(self._stream)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._stream.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._stream.load_state_dict(state_dict)
+
+
+def build_zephon_dataloader(dp_world_size: int, dp_rank: int, tokenizer: Any, job_config: Any, **kwargs: Any) -> ZephonDataLoader022:
+    training = job_config.training
+    local = training.local_batch_size
+    global_batch = training.global_batch_size if training.global_batch_size > 0 else local * dp_world_size
+    return ZephonDataLoader022(
+        ZephonStream(
+            settings_from(job_config),
+            dp_world_size=dp_world_size,
+            dp_rank=dp_rank,
+            tokenizer=tokenizer,
+            seq_len=training.seq_len,
+            local_batch_size=local,
+            batches_per_step=global_batch // local,
+        )
+    )
+
+
+class ZephonValidator(Validator):
+    """TorchTitan's Validator over a Zephon held-out loader instead of its built-in dataset."""
+
+    def __init__(self, *, job_config: Any, dp_world_size: int, dp_rank: int, tokenizer: Any, parallel_dims: Any, loss_fn: Any,
+                 validation_context: Any, maybe_enable_amp: Any, metrics_processor: Any = None, pp_schedule: Any = None,
+                 pp_has_first_stage: bool | None = None, pp_has_last_stage: bool | None = None, **kwargs: Any) -> None:
+        settings = settings_from(job_config)
+        if not job_config.zephon.validation_recipe:
+            raise ValueError("zephon: [validation] is enabled; set [zephon] validation_recipe to a held-out TOML data recipe")
+        self.job_config = job_config
+        self.tokenizer = tokenizer
+        self.parallel_dims = parallel_dims
+        self.loss_fn = loss_fn
+        self.validation_dataloader = ZephonDataLoader022(
+            ZephonStream(
+                replace(settings, recipe=job_config.zephon.validation_recipe),
+                dp_world_size=dp_world_size,
+                dp_rank=dp_rank,
+                tokenizer=tokenizer,
+                seq_len=job_config.validation.seq_len,
+                local_batch_size=job_config.validation.local_batch_size,
+                batches_per_step=None,
+                validation=True,
+            )
+        )
+        self.validation_context = validation_context
+        self.maybe_enable_amp = maybe_enable_amp
+        self.metrics_processor = metrics_processor
+        self.pp_schedule = pp_schedule
+        self.pp_has_first_stage = pp_has_first_stage
+        self.pp_has_last_stage = pp_has_last_stage
+
+
+def build_zephon_validator(**kwargs: Any) -> ZephonValidator:
+    return ZephonValidator(**kwargs)
+
+
+def register() -> list[str]:
+    """Register ``<model>_zephon`` for each base model that exists; idempotent."""
+    names = []
+    for base in BASE_MODELS:
+        name = f"{base}_zephon"
+        try:
+            spec = get_train_spec(base)
+        except Exception:  # a model this TorchTitan build does not have
+            continue
+        try:
+            register_train_spec(name, replace(spec, build_dataloader_fn=build_zephon_dataloader, build_validator_fn=build_zephon_validator))
+        except ValueError:  # already registered (module imported twice)
+            pass
+        names.append(name)
+    return names
+
+
+REGISTERED = register()

@@ -1,0 +1,67 @@
+"""Zephon-on-TorchTitan launches shared by the e2e tests and the demo."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+from harnesses import load
+
+harness = load("torchtitan")
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "configs" / "data" / "tt_train.toml"
+ASSETS = ROOT / "configs" / "corpus"
+TOML_022 = ROOT / "configs" / "torchtitan" / "llama3_debug_zephon_022.toml"
+GLOBAL_BATCH, LOCAL_BATCH, SEQ_LEN = 8, 2, 128
+
+
+def launch(version: str, nproc: int, dump: Path, *, steps: int = 6, extra: list[str] = (), loader: dict | None = None,
+           resume_from: Path | None = None, check: bool = True, timeout: float = 900) -> harness.RunResult:
+    """One torchrun launch of llama3's debug model fed by Zephon; batches logged per rank."""
+    dump.mkdir(parents=True, exist_ok=True)
+    if resume_from is not None:
+        shutil.copytree(resume_from, dump / "checkpoint" / resume_from.name, dirs_exist_ok=True)
+    opts = {"recipe": str(RECIPE), "aggregate_dir": str(dump / "aggregate"), "run_id": "e2e", "aggregate_timeout_s": 300}
+    opts.update(loader or {})
+    common = ["--training.steps", str(steps), "--training.global_batch_size", str(GLOBAL_BATCH),
+              "--training.local_batch_size", str(LOCAL_BATCH), "--training.seq_len", str(SEQ_LEN),
+              "--checkpoint.enable", "--checkpoint.interval", "2", "--lr_scheduler.warmup_steps", "1"]
+    if harness.normalize_version(version) == "0.3":
+        args = ["--module", "llama3", "--config", "llama3_debugmodel", "--hf_assets_path", str(ASSETS), "--dump_folder", str(dump),
+                "--override.imports", "zephon_torchtitan.zephon_loader=" + json.dumps(opts),
+                "--training.mixed_precision_param", "float32", "--debug.seed", "0", "--metrics.log_freq", "1",
+                "--metrics.disable_color_printing", *common]
+    else:
+        args = ["--job.config_file", str(TOML_022), "--model.hf_assets_path", str(ASSETS), "--job.dump_folder", str(dump),
+                *[f"--zephon.{k}={v}" for k, v in opts.items()], *common]
+    env = {"ZEPHON_BATCH_LOG": str(dump / "batches-rank{rank}.log"),
+           "PYTHONPATH": f"{ROOT}:{ROOT / 'integrations' / 'torchtitan'}"}
+    return harness.run_torchtitan(version, nproc, [*args, *extra], dump, env=env, cpu_defaults=False, timeout=timeout, check=check)
+
+
+def batch_log(dump: Path) -> dict[int, dict[tuple[int, int], str]]:
+    """Per rank: (lane, lane_index) -> digest of every batch that rank delivered."""
+    out: dict[int, dict[tuple[int, int], str]] = {}
+    for f in sorted(dump.glob("batches-rank*.log")):
+        rank = int(f.stem.split("rank")[1])
+        entries: dict[tuple[int, int], str] = {}
+        for line in f.read_text().split("\n"):
+            if line.strip():
+                lane, idx, digest = line.split()
+                entries[(int(lane), int(idx))] = digest
+        out[rank] = entries
+    return out
+
+
+def steps_of(dump: Path, canonical_replicas: int, batches_per_step: int = GLOBAL_BATCH // LOCAL_BATCH) -> dict[int, dict[tuple[int, int], str]]:
+    """Global step (from 1) -> every batch in it, keyed by (lane, lane_index): topology-free."""
+    per_lane = batches_per_step // canonical_replicas
+    steps: dict[int, dict[tuple[int, int], str]] = defaultdict(dict)
+    for entries in batch_log(dump).values():
+        for key, digest in entries.items():
+            prev = steps[key[1] // per_lane + 1].setdefault(key, digest)
+            assert prev == digest, f"two ranks delivered different batches as lane {key[0]} batch {key[1]}"
+    return dict(steps)
