@@ -46,7 +46,8 @@ def render(pipeline: Pipeline, pipelines_per_node: int | None = None) -> str:
         name = d.pop("op")
         args = ", ".join(f"{k}={v}" for k, v in d.items())
         if isinstance(op, DocOp):
-            how = "inline" if op.parallelism == 1 and op.runner == "thread" else f"{op.parallelism} {op.runner}{'s' if op.parallelism > 1 else ''}"
+            plural = {"thread": "threads", "process": "processes"}[op.runner] if op.parallelism > 1 else op.runner
+            how = "inline" if op.parallelism == 1 and op.runner == "thread" else f"{op.parallelism} {plural}"
             args += f"; {how}"
         lines.append(f"    {name}({args})")
     lines.append(f"  queues:                prefetch={opts.prefetch} batches, readahead={opts.readahead} chunk(s) per lane, reader_threads={opts.reader_threads}")

@@ -11,6 +11,7 @@ before it. Position ``p`` of a source's infinite stream is document
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -83,14 +84,17 @@ class StaticMixture:
         if len(weights) != len(sources):
             raise ConfigError(f"StaticMixture: {len(weights)} weights for {len(sources)} sources")
         for i, w in enumerate(weights):
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+            if isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
                 raise ConfigError(f"weights[{i}] (source {sources[i].name!r}) must be a positive finite number, got {w!r}")
+        # Plain Python numbers: NumPy scalars are accepted but must not leak into the JSON state.
+        weights = [int(w) if isinstance(w, numbers.Integral) else float(w) for w in weights]
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         if exhausted not in EXHAUSTION_POLICIES:
             raise ConfigError(f"exhausted must be one of {EXHAUSTION_POLICIES}, got {exhausted!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
+        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
+        seed = int(seed)
         counts = largest_remainder(weights, chunk_size)
         for i, c in enumerate(counts):
             if c == 0:

@@ -94,7 +94,10 @@ def resolve_identity(opts: Options, canonical_replicas: int | None = None) -> Id
     _check_int("dp_group_id", dp_group_id, 0)
     if dp_group_id >= dp_degree:
         raise ConfigError(f"option dp_group_id={dp_group_id} must be below dp_degree={dp_degree}")
-    C = canonical_replicas if canonical_replicas is not None else (opts.canonical_replicas or dp_degree)
+    if canonical_replicas is not None:
+        C = canonical_replicas
+    else:
+        C = opts.canonical_replicas if opts.canonical_replicas is not None else dp_degree
     _check_int("canonical_replicas", C, 1)
     if dp_degree > C:
         raise ConfigError(
@@ -386,7 +389,13 @@ class _Engine:
         if self._queue is None:
             b = next(self._gen)
         else:
-            item = self._queue.get()
+            while True:
+                try:
+                    item = self._queue.get(timeout=0.1)
+                    break
+                except queue.Empty:
+                    if self._stop.is_set():  # closed: the producer will put nothing more
+                        raise StopIteration from None
             if item is self._END:
                 self._queue.put(item)
                 raise StopIteration

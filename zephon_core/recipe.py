@@ -237,13 +237,21 @@ def load_recipe(path: str | os.PathLike[str], overrides: dict[str, Any] | None =
         raise ConfigError(f"{path}: cannot read recipe ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML ({e})") from None
+    def fail(e: OmegaConfBaseException, prefix: str = "") -> ConfigError:
+        key = prefix + (getattr(e, "full_key", None) or "")
+        return ConfigError(f"{path}: {key + ': ' if key else ''}{str(e).splitlines()[0]}")
+
+    # Each source first on its own: OmegaConf's messages lose list indices.
+    for n, src in enumerate(raw.get("sources", []) if isinstance(raw.get("sources"), list) else []):
+        try:
+            OmegaConf.merge(OmegaConf.structured(SourceSpec), OmegaConf.create(src))
+        except OmegaConfBaseException as e:
+            raise fail(e, f"sources[{n}].") from None
     try:
         schema = OmegaConf.structured(RecipeSpec)
         merged = OmegaConf.merge(schema, OmegaConf.create(raw), OmegaConf.create(overrides or {}))
         spec = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or ""
-        msg = str(e).splitlines()[0]
-        raise ConfigError(f"{path}: {key + ': ' if key else ''}{msg}") from None
+        raise fail(e) from None
     assert isinstance(spec, RecipeSpec)
     return Recipe(spec, path, Path(path).resolve().parent)

@@ -50,10 +50,18 @@ class JsonlSource(Source):
         cache_file = index_cache.cache_path(
             index_cache.cache_root(cache_dir), self._fs.unstrip_protocol(self._fspath), f"jsonl:{text_field}"
         )
-        arrays = index_cache.load(cache_file, self._fingerprint)
+        # The cache is also keyed on the modification time: the content
+        # fingerprint samples only the ends of a file, and an index must never
+        # be reused for a file edited in the middle.
+        try:
+            mtime = self._fs.info(self._fspath).get("mtime") or self._fs.modified(self._fspath).timestamp()
+        except (NotImplementedError, AttributeError, OSError):
+            mtime = None
+        cache_key = {**self._fingerprint, "mtime": str(mtime)}
+        arrays = index_cache.load(cache_file, cache_key)
         if arrays is None:
             arrays = self._build_index()
-            index_cache.store(cache_file, self._fingerprint, arrays)
+            index_cache.store(cache_file, cache_key, arrays)
         self._starts = arrays["starts"]
         self._lengths = arrays["lengths"]
         self._lines = arrays["lines"]
@@ -83,15 +91,16 @@ class JsonlSource(Source):
                 else:
                     carry = b""
                 pos = 0
-                for raw in data.splitlines(keepends=True):
+                # Only "\n" ends a record: a lone "\r" is whitespace inside JSON.
+                for raw in (data[:-1] if data.endswith(b"\n") else data).split(b"\n"):
                     lineno += 1
-                    body = raw.rstrip(b"\r\n")
+                    body = raw[:-1] if raw.endswith(b"\r") else raw
                     if body.strip():
                         self._parse(body, lineno)
                         starts.append(offset + pos)
                         lengths.append(len(body))
                         lines.append(lineno)
-                    pos += len(raw)
+                    pos += len(raw) + 1
                 offset += pos
         return {
             "starts": np.asarray(starts, dtype=np.int64),

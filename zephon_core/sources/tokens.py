@@ -47,10 +47,11 @@ class TokenArraySource(Source):
         self.name = name or (default_name(tokens) if isinstance(tokens, str) else "tokens")
         where = tokens if isinstance(tokens, str) else self.name
         self._tokens = self._load(tokens, "tokens")
-        self._offsets = np.asarray(self._load(offsets, "offsets"), dtype=np.int64)
+        raw_offsets = np.asarray(self._load(offsets, "offsets"))
         if self._tokens.ndim != 1 or not np.issubdtype(self._tokens.dtype, np.integer):
             raise DataError(f"{where}: tokens must be a 1-D integer array, got {self._tokens.dtype} with shape {self._tokens.shape}")
-        _check_offsets(self._offsets, len(self._tokens), offsets if isinstance(offsets, str) else f"{self.name} offsets")
+        _check_offsets(raw_offsets, len(self._tokens), offsets if isinstance(offsets, str) else f"{self.name} offsets")
+        self._offsets = raw_offsets.astype(np.int64)
         self._paths = (tokens, offsets) if isinstance(tokens, str) and isinstance(offsets, str) else None
         self._require_nonempty(where)
 

@@ -1,0 +1,419 @@
+"""Random-access sources: JSONL (with its index cache), Parquet, NumPy token arrays, memory."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+from core_fixtures import write_jsonl, zephon_cache_dir  # noqa: F401  (autouse fixture)
+
+from zephon_core import DataError, JsonlSource, MemorySource, ParquetSource, TokenArraySource
+from zephon_core.sources import jsonl as jsonl_module
+
+TEXTS = [f"document {i} " + "é→😀"[i % 3] * (i % 5) for i in range(40)]
+
+
+def _random_order(n, seed=0):
+    return np.random.default_rng(seed).permutation(n).tolist()
+
+
+# -- JSONL --------------------------------------------------------------------
+@pytest.fixture
+def jsonl_file(tmp_path):
+    return write_jsonl(tmp_path / "docs.jsonl", [{"id": i, "text": t} for i, t in enumerate(TEXTS)])
+
+
+def test_jsonl_reads_the_right_records_in_random_order(jsonl_file):
+    src = JsonlSource(str(jsonl_file))
+    assert len(src) == len(TEXTS)
+    order = _random_order(len(TEXTS))
+    assert src.read(order) == [TEXTS[i] for i in order]
+    assert src.read([3, 3, 0]) == [TEXTS[3], TEXTS[3], TEXTS[0]]
+    assert src.read([]) == []
+    assert src.name == "docs.jsonl"
+
+
+def test_jsonl_whole_records_and_other_fields(tmp_path):
+    path = write_jsonl(tmp_path / "r.jsonl", [{"body": f"b{i}", "n": i} for i in range(5)])
+    assert JsonlSource(str(path), text_field="body").read([4, 1]) == ["b4", "b1"]
+    assert JsonlSource(str(path), text_field=None).read([2]) == [{"body": "b2", "n": 2}]
+
+
+def test_jsonl_out_of_range_index_raises(jsonl_file):
+    src = JsonlSource(str(jsonl_file))
+    with pytest.raises(IndexError):
+        src.read([len(TEXTS)])
+
+
+def test_jsonl_blank_lines_crlf_and_missing_final_newline(tmp_path):
+    path = tmp_path / "b.jsonl"
+    path.write_bytes(b'\n{"text": "a"}\r\n   \n\n{"text": "b"}\r\n\t\n{"text": "c"}')
+    src = JsonlSource(str(path))
+    assert len(src) == 3
+    assert src.read([2, 0, 1]) == ["c", "a", "b"]
+
+
+def test_jsonl_block_boundaries_do_not_matter(tmp_path, monkeypatch):
+    records = [{"text": "x" * (i % 17) + str(i)} for i in range(60)]
+    path = write_jsonl(tmp_path / "blocks.jsonl", records)
+    monkeypatch.setattr(jsonl_module, "_READ_BLOCK", 7)  # far shorter than a line
+    src = JsonlSource(str(path), cache_dir=str(tmp_path / "c1"))
+    order = _random_order(60, 3)
+    assert src.read(order) == [records[i]["text"] for i in order]
+
+
+def test_jsonl_reads_from_many_threads(jsonl_file):
+    src = JsonlSource(str(jsonl_file))
+    errors = []
+
+    def work(seed):
+        order = _random_order(len(TEXTS), seed)
+        for _ in range(20):
+            if src.read(order) != [TEXTS[i] for i in order]:
+                errors.append(seed)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_jsonl_index_is_cached(jsonl_file, monkeypatch, zephon_cache_dir):  # noqa: F811
+    first = JsonlSource(str(jsonl_file))
+    assert list(zephon_cache_dir.glob("*.npz")), "the index was not written to ZEPHON_CACHE_DIR"
+
+    def boom(self):
+        raise AssertionError("index rebuilt although a valid cache exists")
+
+    monkeypatch.setattr(JsonlSource, "_build_index", boom)
+    second = JsonlSource(str(jsonl_file))
+    order = _random_order(len(TEXTS), 5)
+    assert second.read(order) == first.read(order)
+
+
+def test_jsonl_explicit_cache_dir(jsonl_file, tmp_path):
+    cache = tmp_path / "explicit"
+    JsonlSource(str(jsonl_file), cache_dir=str(cache))
+    assert len(list(cache.glob("*.npz"))) == 1
+
+
+def test_jsonl_changed_file_is_reindexed(tmp_path, monkeypatch):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "ab"}\n{"text": "c"}\n')
+    assert JsonlSource(str(path)).read([0, 1]) == ["ab", "c"]
+    # Same size, different line lengths: a stale index would cut the lines wrong.
+    path.write_text('{"text": "a"}\n{"text": "bc"}\n')
+    calls = []
+    original = JsonlSource._build_index
+    monkeypatch.setattr(JsonlSource, "_build_index", lambda self: calls.append(1) or original(self))
+    assert JsonlSource(str(path)).read([1, 0]) == ["bc", "a"]
+    assert calls == [1]
+    # Appending a record is seen too.
+    with open(path, "a") as f:
+        f.write('{"text": "d"}\n')
+    src = JsonlSource(str(path))
+    assert len(src) == 3 and src.read([2]) == ["d"]
+    assert calls == [1, 1]
+
+
+def test_jsonl_corrupt_cache_is_ignored(jsonl_file, zephon_cache_dir):  # noqa: F811
+    JsonlSource(str(jsonl_file))
+    for f in zephon_cache_dir.glob("*.npz"):
+        f.write_bytes(b"not an npz file at all")
+    src = JsonlSource(str(jsonl_file))
+    assert src.read([7]) == [TEXTS[7]]
+
+
+def test_jsonl_fingerprint_tracks_content_not_path(tmp_path, jsonl_file):
+    copy = tmp_path / "moved" / "docs.jsonl"
+    copy.parent.mkdir()
+    copy.write_bytes(jsonl_file.read_bytes())
+    assert JsonlSource(str(copy)).fingerprint() == JsonlSource(str(jsonl_file)).fingerprint()
+    other = write_jsonl(tmp_path / "o.jsonl", [{"text": t.upper()} for t in TEXTS])
+    assert JsonlSource(str(other)).fingerprint() != JsonlSource(str(jsonl_file)).fingerprint()
+    assert JsonlSource(str(jsonl_file), text_field=None).fingerprint() != JsonlSource(str(jsonl_file)).fingerprint()
+
+
+@pytest.mark.parametrize(
+    "content, line, words",
+    [
+        (b'{"text": "a"}\n{"text": "b"}\n{"text": "c"\n', 3, ["malformed JSON"]),
+        (b'{"text": "a"}\n\n{"body": "b"}\n', 3, ["missing field", "'text'"]),
+        (b'{"text": "a"}\n{"text": 5}\n', 2, ["'text'", "string", "int"]),
+        (b'{"text": "a"}\n{"text": null}\n', 2, ["'text'", "string"]),
+        (b'{"text": "a"}\n{"text": "\xff\xfe"}\n', 2, ["UTF-8"]),
+        (b'{"text": "a"}\n["text"]\n', 2, ["JSON object", "list"]),
+    ],
+)
+def test_jsonl_errors_name_file_and_line(tmp_path, content, line, words):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(DataError) as e:
+        JsonlSource(str(path))
+    msg = str(e.value)
+    assert f"{path}:{line}:" in msg
+    for w in words:
+        assert w in msg
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n"])
+def test_jsonl_empty_file(tmp_path, content):
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(DataError) as e:
+        JsonlSource(str(path))
+    assert str(path) in str(e.value) and "no documents" in str(e.value)
+
+
+def test_jsonl_missing_file(tmp_path):
+    with pytest.raises(DataError) as e:
+        JsonlSource(str(tmp_path / "nope.jsonl"))
+    assert "nope.jsonl" in str(e.value)
+
+
+# -- Parquet ------------------------------------------------------------------
+def _write_parquet(path, columns, row_group_size=7, schema=None):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(columns, schema=schema)
+    pq.write_table(table, str(path), row_group_size=row_group_size)
+    return path
+
+
+def test_parquet_random_reads_across_row_groups(tmp_path):
+    import pyarrow.parquet as pq
+
+    path = _write_parquet(tmp_path / "d.parquet", {"text": TEXTS, "n": list(range(len(TEXTS)))})
+    assert pq.ParquetFile(str(path)).metadata.num_row_groups == 6
+    src = ParquetSource(str(path))
+    assert len(src) == len(TEXTS)
+    for seed in range(3):
+        order = _random_order(len(TEXTS), seed)
+        assert src.read(order) == [TEXTS[i] for i in order]
+    assert src.read([39, 0, 39]) == [TEXTS[39], TEXTS[0], TEXTS[39]]
+
+
+def test_parquet_other_text_field_and_large_string(tmp_path):
+    import pyarrow as pa
+
+    schema = pa.schema([("body", pa.large_string())])
+    path = _write_parquet(tmp_path / "l.parquet", {"body": TEXTS[:10]}, row_group_size=3, schema=schema)
+    assert ParquetSource(str(path), text_field="body").read([9, 2]) == [TEXTS[9], TEXTS[2]]
+
+
+def test_parquet_missing_column(tmp_path):
+    path = _write_parquet(tmp_path / "m.parquet", {"body": TEXTS})
+    with pytest.raises(DataError) as e:
+        ParquetSource(str(path))
+    assert str(path) in str(e.value) and "'text'" in str(e.value) and "body" in str(e.value)
+
+
+def test_parquet_non_string_column(tmp_path):
+    path = _write_parquet(tmp_path / "n.parquet", {"text": list(range(10))})
+    with pytest.raises(DataError) as e:
+        ParquetSource(str(path))
+    assert str(path) in str(e.value) and "string" in str(e.value) and "int64" in str(e.value)
+
+
+def test_parquet_null_value(tmp_path):
+    values = ["a", "b", None, "d"]
+    path = _write_parquet(tmp_path / "null.parquet", {"text": values}, row_group_size=2)
+    src = ParquetSource(str(path))
+    assert src.read([3, 0]) == ["d", "a"]
+    with pytest.raises(DataError) as e:
+        src.read([1, 2])
+    assert str(path) in str(e.value) and "row 2" in str(e.value) and "null" in str(e.value)
+
+
+def test_parquet_not_a_parquet_file(tmp_path):
+    path = tmp_path / "x.parquet"
+    path.write_bytes(b"PAR1 but not really")
+    with pytest.raises(DataError, match="Parquet"):
+        ParquetSource(str(path))
+
+
+def test_parquet_fingerprint_changes_with_content(tmp_path):
+    a = ParquetSource(str(_write_parquet(tmp_path / "a.parquet", {"text": TEXTS}))).fingerprint()
+    b = ParquetSource(str(_write_parquet(tmp_path / "b.parquet", {"text": TEXTS[::-1]}))).fingerprint()
+    assert a != b
+
+
+# -- token arrays ---------------------------------------------------------------
+def _docs():
+    return [np.arange(10 * d, 10 * d + (d % 5)) for d in range(30)]  # includes empty documents
+
+
+def _save_tokens(tmp_path, docs, dtype=np.uint16):
+    tokens = np.concatenate(docs).astype(dtype)
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+    np.save(tmp_path / "tok.npy", tokens)
+    np.save(tmp_path / "off.npy", offsets)
+    return str(tmp_path / "tok.npy"), str(tmp_path / "off.npy")
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.int64])
+def test_token_array_reads_documents(tmp_path, dtype):
+    docs = _docs()
+    src = TokenArraySource(*_save_tokens(tmp_path, docs, dtype))
+    assert len(src) == 30
+    order = _random_order(30)
+    for i, got in zip(order, src.read(order)):
+        assert got.dtype == np.int64
+        assert np.array_equal(got, docs[i])
+    assert src.fingerprint()["dtype"] == np.dtype(dtype).name
+
+
+def test_token_array_in_memory_arrays():
+    src = TokenArraySource(np.array([5, 6, 7, 8]), np.array([0, 1, 4]))
+    assert [d.tolist() for d in src.read([1, 0])] == [[6, 7, 8], [5]]
+    assert src.fingerprint() != TokenArraySource(np.array([5, 6, 7, 9]), np.array([0, 1, 4])).fingerprint()
+
+
+@pytest.mark.parametrize(
+    "offsets, words",
+    [
+        ([1, 2, 4], ["start at 0"]),
+        ([0, 3, 2, 4], ["decrease"]),
+        ([0, 2, 3], ["token count 4"]),
+        ([0, 2, 5], ["token count 4"]),
+        ([0], ["at least 2"]),
+        ([[0, 4]], ["1-D"]),
+    ],
+)
+def test_token_array_bad_offsets(tmp_path, offsets, words):
+    np.save(tmp_path / "tok.npy", np.arange(4, dtype=np.int32))
+    np.save(tmp_path / "off.npy", np.asarray(offsets, dtype=np.int64))
+    with pytest.raises(DataError) as e:
+        TokenArraySource(str(tmp_path / "tok.npy"), str(tmp_path / "off.npy"))
+    assert "off.npy" in str(e.value)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_token_array_float_offsets_are_refused(tmp_path):
+    """Offsets must be integers: 2.5 must not silently become 2."""
+    np.save(tmp_path / "tok.npy", np.arange(5, dtype=np.int32))
+    np.save(tmp_path / "off.npy", np.array([0.0, 2.5, 5.0]))
+    with pytest.raises(DataError, match="integer"):
+        TokenArraySource(str(tmp_path / "tok.npy"), str(tmp_path / "off.npy"))
+
+
+@pytest.mark.parametrize("tokens", [np.zeros(4, dtype=np.float32), np.zeros((2, 2), dtype=np.int32)])
+def test_token_array_bad_tokens(tmp_path, tokens):
+    np.save(tmp_path / "tok.npy", tokens)
+    np.save(tmp_path / "off.npy", np.array([0, 4]))
+    with pytest.raises(DataError) as e:
+        TokenArraySource(str(tmp_path / "tok.npy"), str(tmp_path / "off.npy"))
+    assert "tok.npy" in str(e.value)
+
+
+def test_token_array_unreadable_files(tmp_path):
+    np.save(tmp_path / "off.npy", np.array([0, 4]))
+    with pytest.raises(DataError, match="tok.npy"):
+        TokenArraySource(str(tmp_path / "tok.npy"), str(tmp_path / "off.npy"))
+    (tmp_path / "tok.npy").write_bytes(b"garbage")
+    with pytest.raises(DataError, match="tok.npy"):
+        TokenArraySource(str(tmp_path / "tok.npy"), str(tmp_path / "off.npy"))
+    np.save(tmp_path / "obj.npy", np.array([[1], "x"], dtype=object), allow_pickle=True)
+    with pytest.raises(DataError, match="obj.npy"):
+        TokenArraySource(str(tmp_path / "obj.npy"), str(tmp_path / "off.npy"))
+
+
+def test_token_array_fingerprint_ignores_location(tmp_path):
+    docs = _docs()
+    a = TokenArraySource(*_save_tokens(tmp_path, docs))
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    b = TokenArraySource(*_save_tokens(other, docs))
+    c_dir = tmp_path / "changed"
+    c_dir.mkdir()
+    c = TokenArraySource(*_save_tokens(c_dir, docs[::-1]))
+    assert a.fingerprint() == b.fingerprint()
+    assert a.fingerprint() != c.fingerprint()
+
+
+# -- memory ----------------------------------------------------------------------
+def test_memory_source():
+    src = MemorySource(["a", {"text": "b"}, [1, 2]], name="m")
+    assert len(src) == 3
+    a, b, c = src.read([0, 1, 2])
+    assert a == "a" and b == {"text": "b"} and c.tolist() == [1, 2] and c.dtype == np.int64
+    with pytest.raises(DataError):
+        MemorySource([])
+    with pytest.raises(DataError):
+        MemorySource([object()]).fingerprint()
+    assert MemorySource(["a"]).fingerprint() != MemorySource(["b"]).fingerprint()
+    assert MemorySource([[1]]).fingerprint() != MemorySource(["\x01"]).fingerprint()
+
+
+def test_sources_are_closed_cleanly(tmp_path):
+    path = write_jsonl(tmp_path / "fd.jsonl", [{"text": "x"}])
+    src = JsonlSource(str(path))
+    src.read([0])
+    fd = src._fd
+    assert fd is not None
+    del src
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+def test_jsonl_carriage_return_inside_a_record_is_whitespace(tmp_path):
+    """JSON Lines are separated by \\n; a \\r between JSON tokens is ordinary whitespace."""
+    path = tmp_path / "cr.jsonl"
+    path.write_bytes(b'{"text":\r "a"}\n{"text": "b"}\r\n')
+    src = JsonlSource(str(path))
+    assert src.read([0, 1]) == ["a", "b"]
+
+
+# -- fsspec URLs ------------------------------------------------------------------
+def test_jsonl_and_parquet_from_an_fsspec_url(tmp_path):
+    import uuid
+
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = f"memory://zephon-unit-{uuid.uuid4().hex}"
+    with fsspec.open(f"{root}/docs.jsonl", "wb") as f:
+        f.write("".join(f'{{"text": "{t}"}}\n' for t in ["m0", "m1", "m2"]).encode())
+    src = JsonlSource(f"{root}/docs.jsonl")
+    assert src.read([2, 0]) == ["m2", "m0"]
+    assert JsonlSource(f"{root}/docs.jsonl").fingerprint() == src.fingerprint()
+    with fsspec.open(f"{root}/d.parquet", "wb") as f:
+        pq.write_table(pa.table({"text": TEXTS}), f, row_group_size=9)
+    assert ParquetSource(f"{root}/d.parquet").read([31, 2]) == [TEXTS[31], TEXTS[2]]
+    with fsspec.open(f"{root}/t.npy", "wb") as f:
+        np.save(f, np.arange(4))
+    with pytest.raises(DataError, match="local"):
+        TokenArraySource(f"{root}/t.npy", f"{root}/t.npy")
+    fsspec.filesystem("memory").rm(root.replace("memory://", "/"), recursive=True)
+
+
+def test_jsonl_stale_cache_of_a_large_file_edited_in_the_middle(tmp_path):
+    """An edit that keeps the size but moves line boundaries must not reuse the old index.
+
+    The content fingerprint samples only the first and last MiB, so the cache
+    needs more than that (e.g. the file's mtime) to notice the edit.
+    """
+    path = tmp_path / "big.jsonl"
+    lines = [f'{{"text": "{i:06d}{"x" * 100}"}}' for i in range(30000)]  # ~3.4 MiB
+    path.write_text("\n".join(lines) + "\n")
+    assert JsonlSource(str(path)).read([15000]) == [f"{15000:06d}" + "x" * 100]
+    size = path.stat().st_size
+    lines[15000] = f'{{"text": "{15000:06d}{"x" * 99}"}}'
+    lines[15001] = f'{{"text": "{15001:06d}{"x" * 101}"}}'
+    path.write_text("\n".join(lines) + "\n")
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a later mtime, as any real edit has
+    assert path.stat().st_size == size
+    src = JsonlSource(str(path))
+    assert src.read([15000, 15001, 29999]) == [
+        f"{15000:06d}" + "x" * 99,
+        f"{15001:06d}" + "x" * 101,
+        f"{29999:06d}" + "x" * 100,
+    ]
