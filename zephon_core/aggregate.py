@@ -7,11 +7,14 @@ or an object-store prefix, through fsspec):
 1. the leader (``global_rank`` 0) removes files of earlier rounds and of
    crashed attempts, then publishes ``round.json`` with a fresh random token;
 2. each follower waits for a round token it has not used yet and writes
-   ``state-<token>-<rank>.json`` (its own lanes);
+   ``state-<token>-<rank>.json``: its own lanes and a fresh random nonce;
 3. the leader waits for every rank's file (up to ``aggregate_timeout_s``,
    then fails naming the missing ranks), merges them — data-parallel peers
-   must agree on every lane — and publishes ``merged-<token>.json``;
-4. followers read it and check that it carries their own lanes unchanged.
+   must agree on every lane — and publishes ``merged-<token>.json`` with the
+   nonce of every state it merged;
+4. followers read it, check that it names their own nonce (so a merged file
+   left by a crashed or earlier launch is never taken for this round's) and
+   that it carries their lanes unchanged.
 
 Every file is published atomically (rename on a filesystem, a single PUT on
 an object store), so a reader never sees half of one. A follower that joined
@@ -135,13 +138,14 @@ class Aggregator:
         states: dict[int, dict[str, Any]] = {0: local_state}
         deadline = _now() + self.timeout_s
         delay = d.poll_s
+        nonces: dict[int, str] = {}
         while True:
             present = set(d.names())
             for r, name in expected.items():
                 if r not in states and name in present:
-                    st = d.read(name)
-                    if st is not None:
-                        states[r] = self._check_peer(st, r, d.file(name))
+                    envelope = d.read(name)
+                    if envelope is not None:
+                        nonces[r], states[r] = self._check_peer(envelope, r, d.file(name))
             missing = sorted(set(expected) - set(states))
             if not missing:
                 break
@@ -162,14 +166,17 @@ class Aggregator:
                 "world_size must count a pipeline of every data-parallel group"
             )
         merged["topology"]["dp_degree"] = max(st["topology"].get("dp_degree", 1) for st in states.values())
-        d.write(f"merged-{token}.json", merged)
+        d.write(f"merged-{token}.json", {"participants": {str(r): n for r, n in nonces.items()}, "state": merged})
         if self.last_token:
             d.remove([f"merged-{self.last_token}.json"])
         d.remove(list(expected.values()))
         self.last_token = token
         return json.loads(canonical_json(merged))
 
-    def _check_peer(self, st: Any, rank: int, where: str) -> dict[str, Any]:
+    def _check_peer(self, envelope: Any, rank: int, where: str) -> tuple[str, dict[str, Any]]:
+        if not isinstance(envelope, dict) or set(envelope) != {"nonce", "state"} or not isinstance(envelope["nonce"], str):
+            raise AggregationError(f"{where}: not a Zephon rank state (expected fields nonce and state)")
+        st = envelope["state"]
         try:
             parse_lanes(st)
         except StateError as e:
@@ -178,28 +185,39 @@ class Aggregator:
             raise AggregationError(f"{where}: holds the state of global_rank={st['topology'].get('global_rank')}, expected {rank}")
         if st["topology"].get("world_size") != self.world_size:
             raise AggregationError(f"{where}: rank {rank} has world_size={st['topology'].get('world_size')}, the leader has {self.world_size}")
-        return st
+        return envelope["nonce"], st
 
     # -- follower -------------------------------------------------------------
     def _follow(self, local_state: dict[str, Any]) -> dict[str, Any]:
         d = self.dir
         deadline = _now() + self.timeout_s
         token: str | None = None
+        stale: set[str] = set()
+        nonce = uuid.uuid4().hex
         delay = d.poll_s
         while True:
             rnd = d.read(ROUND_FILE)
             current = rnd.get("token") if isinstance(rnd, dict) else None
-            if current and current != self.last_token and current != token:
+            if current and current != self.last_token and current != token and current not in stale:
                 token = current  # (re)join the newest round
-                d.write(f"state-{token}-{self.rank:05d}.json", local_state)
+                d.write(f"state-{token}-{self.rank:05d}.json", {"nonce": nonce, "state": local_state})
                 # The leader may wait for slow ranks for its whole timeout; allow for it.
                 deadline = max(deadline, _now() + self.timeout_s + 5.0)
             if token is not None:
-                merged = d.read(f"merged-{token}.json")
-                if merged is not None:
-                    self._check_merged(merged, local_state, d.file(f"merged-{token}.json"))
-                    self.last_token = token
-                    return merged
+                published = d.read(f"merged-{token}.json")
+                if published is not None:
+                    where = d.file(f"merged-{token}.json")
+                    if not isinstance(published, dict) or set(published) != {"participants", "state"}:
+                        raise AggregationError(f"{where}: not a Zephon merged state (expected fields participants and state)")
+                    if published["participants"].get(str(self.rank)) != nonce:
+                        # Published before this rank joined: a round of a crashed or earlier
+                        # launch. Wait for the leader's round instead.
+                        stale.add(token)
+                        token = None
+                    else:
+                        self._check_merged(published["state"], local_state, where)
+                        self.last_token = token
+                        return published["state"]
             if _now() > deadline:
                 if token is None:
                     raise AggregationError(

@@ -1,0 +1,66 @@
+"""Aggregation rounds across launches that share one aggregate_dir and run_id (ranks as threads)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from zephon_core import AggregationError, MemorySource, Pipeline, StaticMixture
+
+
+def make(rank: int, agg: str, world: int = 2, timeout: float = 20.0) -> Pipeline:
+    ws = StaticMixture([MemorySource([[i] * (3 + i % 5) for i in range(200)], name="d")], seed=4, chunk_size=8)
+    return Pipeline(ws).pack(seq_len=8).batch(2).options(
+        world_size=world, global_rank=rank, canonical_replicas=world, aggregate_dir=agg, run_id="run", aggregate_timeout_s=timeout, prefetch=0
+    )
+
+
+def checkpoint_all(pipelines: list[Pipeline], batches: int, follower_first: bool = False) -> list:
+    for p in pipelines:
+        it = iter(p)
+        for _ in range(batches):
+            next(it)
+    out: list = [None] * len(pipelines)
+
+    def run(r: int) -> None:
+        try:
+            out[r] = pipelines[r].checkpoint()
+        except Exception as e:  # handed back to the test
+            out[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(len(pipelines))]
+    order = threads[1:] + threads[:1] if follower_first else threads
+    for t in order:
+        t.start()
+        if follower_first and t is order[0]:
+            time.sleep(0.5)  # the follower finds the previous launch's round first
+    for t in threads:
+        t.join(60)
+    return out
+
+
+def test_a_new_launch_never_takes_the_previous_launchs_merged_state(tmp_path):
+    agg = str(tmp_path)
+    first = checkpoint_all([make(r, agg) for r in range(2)], batches=1)
+    assert all(isinstance(s, dict) for s in first), first
+    second = checkpoint_all([make(r, agg) for r in range(2)], batches=3, follower_first=True)
+    assert all(isinstance(s, dict) for s in second), second
+    assert second[0] == second[1]
+    assert all(v["delivered"] == 3 for v in second[0]["lanes"].values())
+
+
+def test_consecutive_rounds_of_one_launch(tmp_path):
+    agg = str(tmp_path)
+    pipelines = [make(r, agg) for r in range(2)]
+    for k in (1, 2, 3):
+        states = checkpoint_all(pipelines, batches=1)
+        assert states[0] == states[1] and all(v["delivered"] == k for v in states[0]["lanes"].values())
+
+
+def test_leader_names_a_rank_that_never_comes(tmp_path):
+    p = make(0, str(tmp_path), world=3, timeout=1.0)
+    next(iter(p))
+    with pytest.raises(AggregationError, match=r"global rank\(s\) \[1, 2\]"):
+        p.checkpoint()
