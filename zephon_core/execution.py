@@ -27,7 +27,7 @@ def _encode(tok: Any, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in encode_batch(texts, add_special_tokens=False)]
     encode = getattr(tok, "encode", None)
     fn = encode if callable(encode) else tok
-    return [list(fn(t)) for t in texts]
+    return [list(fn(t)) for t in texts]  # lists (the tokenizers path already returns lists)
 
 
 def run_op_on_slice(op: DocOp, docs: list[Any]) -> list[Any]:
@@ -47,7 +47,7 @@ def run_op_on_slice(op: DocOp, docs: list[Any]) -> list[Any]:
         prefix = [op.bos_id] if op.bos_id is not None else []
         suffix = [op.eos_id] if op.eos_id is not None else []
         for j, ids in zip(live, _encode(op.tokenizer, texts)):
-            out[j] = np.asarray(prefix + list(ids) + suffix, dtype=np.int64)
+            out[j] = np.array(prefix + ids + suffix if prefix or suffix else ids, dtype=np.int64)
         return out
     raise TypeError(op)
 

@@ -8,6 +8,7 @@ on how far the lane had got.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
@@ -37,17 +38,34 @@ class ProcessedChunk:
     docs: list[Any]  # token arrays, or DROPPED
 
 
-def load_chunk(work_source: StaticMixture, runner: DocOpRunner, global_index: int) -> ProcessedChunk | None:
-    """Read and process one chunk of the curriculum (None past its end)."""
-    chunk = work_source.chunk(global_index)
+# Chunk descriptors a lane computes at once (see StaticMixture.chunks): a few KB of indices.
+# The first call computes only 2, so that a (re)start does not wait for 32.
+DESCRIPTOR_BATCH = 32
+FIRST_DESCRIPTOR_BATCH = 2
+
+
+def load_chunk(work_source: StaticMixture, runner: DocOpRunner, global_index: int, chunk: Chunk | None = None, first_doc: int = 0) -> ProcessedChunk | None:
+    """Read and process one chunk of the curriculum (None past its end).
+
+    Documents before ``first_doc`` are neither read nor processed (a restored
+    lane never goes back before its cursor); their slots hold DROPPED.
+    """
+    if chunk is None:
+        chunk = work_source.chunk(global_index)
     if chunk is None:
         return None
     docs: list[Any] = [None] * len(chunk)
-    for s in np.unique(chunk.sources):
+    if first_doc:
+        docs[:first_doc] = [DROPPED] * min(first_doc, len(chunk))
+    for s in np.unique(chunk.sources[first_doc:]):
         where = np.nonzero(chunk.sources == s)[0]
+        where = where[where >= first_doc]
         for j, d in zip(where, work_source.sources[int(s)].read(chunk.documents[where].tolist())):
             docs[int(j)] = d
-    docs = runner.run(docs)
+    if first_doc:
+        docs = docs[:first_doc] + runner.run(docs[first_doc:])
+    else:
+        docs = runner.run(docs)
     for j, d in enumerate(docs):
         if d is DROPPED:
             continue
@@ -91,6 +109,10 @@ class LaneStream:
         self._reader = reader
         self._readahead = max(0, readahead)
         self._futures: dict[int, Future[ProcessedChunk | None]] = {}
+        self._descs: dict[int, Chunk | None] = {}
+        self._descs_lock = threading.Lock()
+        self._descs_batch = FIRST_DESCRIPTOR_BATCH
+        self._first = (cursor.chunk, cursor.document)  # the restored chunk is processed from this document on
         self._chunks: dict[int, ProcessedChunk | None] = {}
         self._produced = delivered
         if shuffle is None and cursor.delivered_in_window:
@@ -101,6 +123,7 @@ class LaneStream:
         self._window_end = self._pos
         self._window_next = 0
         self._ended = False
+        self._arange = np.arange(pack.seq_len + 1, dtype=np.int64)
         if shuffle is not None and cursor.delivered_in_window:
             self._fill_window()
             if cursor.delivered_in_window > len(self._window):
@@ -108,8 +131,19 @@ class LaneStream:
             self._window_next = cursor.delivered_in_window
 
     # -- chunks ---------------------------------------------------------------
+    def _desc(self, k: int) -> Chunk | None:
+        with self._descs_lock:
+            if k not in self._descs:
+                for old in [c for c in self._descs if c < k]:
+                    del self._descs[old]
+                ks = range(k, k + self._descs_batch)
+                self._descs_batch = DESCRIPTOR_BATCH
+                self._descs.update(zip(ks, self._ws.chunks([self.lane + j * self.C for j in ks])))
+            return self._descs[k]
+
     def _load(self, k: int) -> ProcessedChunk | None:
-        return load_chunk(self._ws, self._runner, self.lane + k * self.C)
+        first_doc = self._first[1] if k == self._first[0] else 0
+        return load_chunk(self._ws, self._runner, self.lane + k * self.C, self._desc(k), first_doc)
 
     def _chunk(self, k: int) -> ProcessedChunk | None:
         if k not in self._chunks:
@@ -144,8 +178,9 @@ class LaneStream:
     # -- packing --------------------------------------------------------------
     def _next_row(self) -> Row | None:
         width = self._pack.seq_len + 1
-        tokens = np.full(width, self._pack.pad_id, dtype=np.int64)
-        positions = np.zeros(width, dtype=np.int64)
+        tokens = np.empty(width, dtype=np.int64)
+        positions = np.empty(width, dtype=np.int64)
+        arange = self._arange
         filled = 0
         segments: list[Segment] = []
         concat = self._pack.mode == "concat"
@@ -164,14 +199,17 @@ class LaneStream:
             else:
                 break  # pad mode: the document starts the next row
             tokens[filled : filled + take] = doc[t : t + take]
-            positions[filled : filled + take] = np.arange(take)
+            positions[filled : filled + take] = arange[:take]
             segments.append(Segment(src, docno, t, t + take))
             filled += take
             self._pos = (k, i, t + take) if t + take < len(doc) else (k, i + 1, 0)
         if filled == 0:
             return None
-        valid = np.zeros(width, dtype=bool)
-        valid[:filled] = True
+        valid = np.ones(width, dtype=bool)
+        if filled < width:
+            tokens[filled:] = self._pack.pad_id
+            positions[filled:] = 0
+            valid[filled:] = False
         return Row(tokens, positions, valid, tuple(segments))
 
     # -- shuffling ------------------------------------------------------------

@@ -88,8 +88,12 @@ class TokenizeOp(DocOp):
     eos_id: int | None = field(default=None, kw_only=True)
     kind = "tokenize"
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "_tokenizer_identity", tokenizer_identity(self.tokenizer))
+
     def definition(self) -> dict[str, Any]:
-        return {"op": "tokenize", "tokenizer": tokenizer_identity(self.tokenizer), "bos_id": self.bos_id, "eos_id": self.eos_id}
+        return {"op": "tokenize", "tokenizer": self._tokenizer_identity, "bos_id": self.bos_id, "eos_id": self.eos_id}
 
 
 @dataclass(frozen=True)

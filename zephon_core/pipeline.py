@@ -341,10 +341,15 @@ class _Engine:
         }
         self._delivered = dict(start)
         self._stop = threading.Event()
-        self._queue: queue.Queue[Any] | None = None
+        self._queue: queue.SimpleQueue[Any] | None = None
         self._gen = self._produce()
         if opts.prefetch > 0:
-            self._queue = queue.Queue(maxsize=opts.prefetch)
+            # Two C-level SimpleQueues: batches, and free slots bounding them to `prefetch`.
+            # queue.Queue's Condition objects cost a Python-level notify/wait per batch.
+            self._queue = queue.SimpleQueue()
+            self._slots: queue.SimpleQueue[None] = queue.SimpleQueue()
+            for _ in range(opts.prefetch):
+                self._slots.put(None)
             self._thread = threading.Thread(target=self._pump, name="zephon-prefetch", daemon=True)
             self._thread.start()
 
@@ -362,25 +367,26 @@ class _Engine:
             produced[lane] += 1
             yield b
 
+    def _take_slot(self) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._slots.get(timeout=0.1)
+                return True
+            except queue.Empty:
+                continue
+        return False
+
     def _pump(self) -> None:
         assert self._queue is not None
         try:
             for b in self._gen:
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(b, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                if not self._take_slot():
+                    return
+                self._queue.put(b)
             item: Any = self._END
         except BaseException as e:  # handed to the consumer, raised there
             item = e
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+        self._queue.put(item)
 
     def __iter__(self) -> _Engine:
         return self
@@ -396,6 +402,8 @@ class _Engine:
                 except queue.Empty:
                     if self._stop.is_set():  # closed: the producer will put nothing more
                         raise StopIteration from None
+            if item is not self._END and not isinstance(item, BaseException):
+                self._slots.put(None)
             if item is self._END:
                 self._queue.put(item)
                 raise StopIteration

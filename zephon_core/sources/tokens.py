@@ -54,6 +54,7 @@ class TokenArraySource(Source):
         self._offsets = raw_offsets.astype(np.int64)
         self._paths = (tokens, offsets) if isinstance(tokens, str) and isinstance(offsets, str) else None
         self._require_nonempty(where)
+        self._fingerprint = self._compute_fingerprint()
 
     @staticmethod
     def _load(x: str | np.ndarray, what: str) -> np.ndarray:
@@ -72,6 +73,9 @@ class TokenArraySource(Source):
         return [np.asarray(self._tokens[o[i] : o[i + 1]], dtype=np.int64) for i in indices]
 
     def fingerprint(self) -> dict[str, Any]:
+        return dict(self._fingerprint)
+
+    def _compute_fingerprint(self) -> dict[str, Any]:
         if self._paths is not None:
             parts = [content_fingerprint(*open_fs(p)) for p in self._paths]
         else:
@@ -104,6 +108,12 @@ class MegatronIndexedSource(Source):
         self._bin_path = _local_path(self.prefix + ".bin")
         self._read_index()
         self._require_nonempty(self.prefix)
+        self._fingerprint = {
+            "kind": "megatron_indexed",
+            "dtype": str(self._dtype),
+            "idx": content_fingerprint(*open_fs(self._idx_path)),
+            "bin": content_fingerprint(*open_fs(self._bin_path)),
+        }
 
     def _read_index(self) -> None:
         idx = self._idx_path
@@ -157,9 +167,4 @@ class MegatronIndexedSource(Source):
         return out
 
     def fingerprint(self) -> dict[str, Any]:
-        return {
-            "kind": "megatron_indexed",
-            "dtype": str(self._dtype),
-            "idx": content_fingerprint(*open_fs(self._idx_path)),
-            "bin": content_fingerprint(*open_fs(self._bin_path)),
-        }
+        return dict(self._fingerprint)
