@@ -64,3 +64,21 @@ def test_leader_names_a_rank_that_never_comes(tmp_path):
     next(iter(p))
     with pytest.raises(AggregationError, match=r"global rank\(s\) \[1, 2\]"):
         p.checkpoint()
+
+
+def test_rounds_through_a_loopback_s3_server(s3_endpoint):
+    agg = s3_endpoint.url("agg-unit")
+    ws = StaticMixture([MemorySource([[i] * (3 + i % 5) for i in range(200)], name="d")], seed=4, chunk_size=8)
+    pipelines = [
+        Pipeline(ws).pack(seq_len=8).batch(2).options(
+            world_size=4, global_rank=r, canonical_replicas=4, aggregate_dir=agg, run_id="run", aggregate_timeout_s=60,
+            storage_options=dict(s3_endpoint), prefetch=0,
+        )
+        for r in range(4)
+    ]
+    for k in (1, 2):
+        states = checkpoint_all(pipelines, batches=1)
+        assert all(s == states[0] for s in states), states
+        assert all(v["delivered"] == k for v in states[0]["lanes"].values())
+    left = sorted(p.rsplit("/", 1)[-1] for p in s3_endpoint.filesystem().ls(s3_endpoint.url("agg-unit", "run"), detail=False))
+    assert [n for n in left if n.startswith("state-")] == [] and len([n for n in left if n.startswith("merged-")]) == 1, left
