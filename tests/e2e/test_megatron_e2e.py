@@ -1,0 +1,213 @@
+"""Megatron-LM's real ``pretrain()`` under torchrun on CPU, fed by Zephon (tiny GPT).
+
+Launches (run lazily, shared by the tests; ~6-7 minutes in all on 2 cores):
+
+* ``tp_ref``      TP=2 x DP=2, ``python -m zephon_megatron.pretrain_gpt`` (the adapter's
+                  own broadcast), Megatron ``.bin/.idx`` data, 6 steps, saves at 3 and 6,
+                  evaluates a held-out recipe at 3 and 6;
+* ``tp_resume``   the same from ``tp_ref``'s step-3 checkpoint;
+* ``dp1``         TP=2 x DP=1 from ``tp_ref``'s step 3 (DP 2 -> 1), saves at 4 and 6;
+* ``dp2``         TP=2 x DP=2 from ``dp1``'s step 4 (DP 1 -> 2);
+* ``pp_ref``      PP=2 x DP=2, ``python -m zephon_megatron.launch`` running a stand-in for a
+                  checkout's ``pretrain_gpt.py`` (Megatron's ``get_batch_on_this_tp_rank``),
+                  raw text tokenized by Megatron's tokenizer, 6 steps, saves at 3;
+* ``pp_resume``   the same from ``pp_ref``'s step 3;
+* two launches that must refuse to start.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+
+import pytest
+from harnesses import load
+
+h = load("megatron")
+STEPS = [1, 2, 3, 4, 5, 6]
+
+
+@functools.lru_cache(maxsize=1)
+def _megatron_available() -> bool:
+    probe = "import megatron.training, megatron.core, torch, tokenizers"
+    try:
+        return subprocess.run([h.python_exe(), "-c", probe], capture_output=True, timeout=300).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    if not _megatron_available():
+        pytest.skip("megatron-core >= 0.17 (megatron.training) is not importable by the harness's interpreter")
+    pytest.importorskip("megatron.core.datasets.indexed_dataset")  # make_assets writes .bin/.idx in this process
+    root = tmp_path_factory.mktemp("megatron")
+    assets = h.make_assets(root / "assets")
+    cache: dict[str, h.RunResult] = {}
+
+    def get(name: str) -> h.RunResult:
+        if name in cache:
+            return cache[name]
+        Z = h.Zrun
+        if name == "tp_ref":
+            z = Z("wheel", 4, assets.indexed_recipe, tp=2, save_interval=3, valid_recipe=assets.heldout_recipe,
+                  eval_iters=1, eval_interval=3)
+        elif name == "tp_resume":
+            ref = get("tp_ref").run_dir
+            z = Z("wheel", 4, assets.indexed_recipe, tp=2, save_interval=3, valid_recipe=assets.heldout_recipe,
+                  eval_iters=1, eval_interval=3, load=ref / "ckpt", load_step=3, loader_states_from=ref / "loader")
+        elif name == "dp1":
+            ref = get("tp_ref").run_dir
+            z = Z("wheel", 2, assets.indexed_recipe, tp=2, save_interval=2, load=ref / "ckpt", load_step=3,
+                  loader_states_from=ref / "loader")
+        elif name == "dp2":
+            src = get("dp1").run_dir
+            z = Z("wheel", 4, assets.indexed_recipe, tp=2, load=src / "ckpt", load_step=4, loader_states_from=src / "loader")
+        elif name == "pp_ref":
+            z = Z("launch", 4, assets.text_recipe, pp=2, save_interval=3)
+        elif name == "pp_resume":
+            ref = get("pp_ref").run_dir
+            z = Z("launch", 4, assets.text_recipe, pp=2, save_interval=3, load=ref / "ckpt", load_step=3,
+                  loader_states_from=ref / "loader")
+        elif name == "refuse_startup":
+            # TP=2 through the checkout route without --no-create-attention-mask-in-dataloader
+            # (Megatron's broadcast would hang), and 3 lanes for 4 micro-batches per step.
+            z = Z("launch", 2, assets.text_recipe, tp=2, train_iters=1, no_attention_mask_flag=False,
+                  extra=["--zephon-canonical-replicas", "3"])
+        elif name == "refuse_missing_state":
+            ref = get("tp_ref").run_dir
+            only_later = root / "only-later-states"
+            if not only_later.exists():
+                import shutil
+
+                shutil.copytree(ref / "loader" / "iter_0000006", only_later / "iter_0000006")
+            z = Z("wheel", 2, assets.indexed_recipe, tp=2, load=ref / "ckpt", load_step=3, loader_states_from=only_later)
+        else:
+            raise KeyError(name)
+        r = h.run(root, name, z, timeout=300 if not name.startswith("refuse") else 240)
+        print(f"[megatron e2e] {name}: rc={r.returncode} {r.wall_s:.0f}s")
+        if not name.startswith("refuse"):
+            assert r.ok, f"{name} failed (rc={r.returncode}, timed out={r.timed_out}):\n{r.log_tail()}"
+        cache[name] = r
+        return r
+
+    return get
+
+
+def _distinct_streams(r: h.RunResult) -> list[list[tuple[int, int, str]]]:
+    logs = r.batch_log()
+    assert len(logs) == 4, f"expected 4 per-rank batch logs, got ranks {sorted(logs)}"
+    streams: list[list[tuple[int, int, str]]] = []
+    for rows in logs.values():
+        if rows not in streams:
+            streams.append(rows)
+    return streams
+
+
+@pytest.mark.e2e
+def test_tensor_parallel_peers_train_on_identical_batches(runs):
+    r = runs("tp_ref")
+    streams = _distinct_streams(r)
+    # 4 ranks = 2 data-parallel ranks x 2 tensor-parallel peers: each peer logged what rank 0 of its
+    # group sent (after checking the payload checksum), so there are exactly two distinct streams.
+    assert len(streams) == 2 and all(len(s) == 6 * 2 for s in streams)
+    assert {lane for s in streams for lane, _, _ in s} == {0, 1, 2, 3}
+    steps = r.steps()
+    assert sorted(steps) == STEPS and all(len(steps[s]) == h.C for s in STEPS)
+
+
+@pytest.mark.e2e
+def test_first_and_last_pipeline_stages_read_identical_streams(runs):
+    streams = _distinct_streams(runs("pp_ref"))
+    assert len(streams) == 2 and all(len(s) == 12 for s in streams)
+
+
+@pytest.mark.e2e
+def test_raw_text_through_megatrons_tokenizer_matches_the_indexed_dataset(runs):
+    # The same documents, once as Megatron .bin/.idx (EOD appended) and once as text tokenized by
+    # the run's Megatron tokenizer (Zephon appends its EOD): every step holds the same batches.
+    assert runs("pp_ref").steps() == runs("tp_ref").steps()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("ref,resumed", [("tp_ref", "tp_resume"), ("pp_ref", "pp_resume")])
+def test_resume_gives_identical_data_and_bitwise_identical_parameters(runs, ref, resumed):
+    a, b = runs(ref), runs(resumed)
+    got, want = b.steps(), a.steps()
+    assert sorted(got) == [4, 5, 6]
+    assert {s: got[s] for s in got} == {s: want[s] for s in (4, 5, 6)}
+    assert h.param_differences(a.run_dir / "ckpt", b.run_dir / "ckpt", 6) == []
+    la, lb = h.per_iteration(a.logged_losses), h.per_iteration(b.logged_losses)
+    for it in (4, 5, 6):
+        assert abs(la[it] - lb[it]) <= 2e-6 * abs(la[it]), f"iteration {it}: {la[it]} vs {lb[it]}"
+    # The resumed run found the later loader state of the run it resumed and ignored it.
+    assert "ignoring loader states of later iterations [6]" in b.text
+
+
+@pytest.mark.e2e
+def test_every_evaluation_reads_the_same_held_out_batches(runs):
+    a, b = runs("tp_ref"), runs("tp_resume")
+    va, vb = a.validation, b.validation
+    assert any(k.startswith("iteration 6") for k in va), va
+    assert {k: v for k, v in vb.items() if k.startswith("iteration 6")} == {k: v for k, v in va.items() if k.startswith("iteration 6")}
+
+
+@pytest.mark.e2e
+def test_elastic_resume_dp2_to_dp1_to_dp2_keeps_every_step(runs):
+    ref, dp1, dp2 = runs("tp_ref").steps(), runs("dp1").steps(), runs("dp2").steps()
+    assert sorted(dp1) == [4, 5, 6] and sorted(dp2) == [5, 6]
+    for s in (4, 5, 6):
+        assert dp1[s] == ref[s], f"global step {s} changed after resuming DP=2 on DP=1"
+    for s in (5, 6):
+        assert dp2[s] == ref[s], f"global step {s} changed after resuming DP=1 on DP=2"
+    # DP=1 wrote one state file per data-parallel rank it had (one); DP=2 resumed from it.
+    assert sorted(p.name for p in (runs("dp1").run_dir / "loader" / "iter_0000004" / "mp_rank_00").iterdir()) == [
+        "train_dataloader_dprank000.pt"
+    ]
+
+
+@pytest.mark.e2e
+def test_loader_state_files_are_json_and_inspectable(runs, capsys):
+    from zephon_core.cli import main as zephon_main
+    from zephon_megatron.state import read_loader_file
+
+    f = runs("tp_ref").run_dir / "loader" / "iter_0000003" / "mp_rank_00" / "train_dataloader_dprank001.pt"
+    st = read_loader_file(str(f))
+    assert (st.iteration, st.batches_per_step, st.delivered, st.state["canonical_replicas"]) == (3, 4, 12, h.C)
+    assert zephon_main(["inspect", str(f)]) == 0
+    assert "canonical_replicas: 4" in capsys.readouterr().out
+
+
+@pytest.mark.e2e
+def test_refuses_deadlocking_attention_mask_and_uneven_lanes_at_start_up(runs):
+    r = runs("refuse_startup")
+    assert r.returncode != 0 and not r.timed_out
+    assert "--no-create-attention-mask-in-dataloader" in r.text
+    assert "not a multiple of canonical_replicas=3" in r.text
+    assert "iteration        1/" not in r.text  # stopped before the first step
+
+
+@pytest.mark.e2e
+def test_refuses_a_resume_without_the_loader_state_of_that_iteration(runs):
+    r = runs("refuse_missing_state")
+    assert r.returncode != 0 and not r.timed_out
+    assert "no loader state for iteration 3" in r.text and "iterations with a loader state: [6]" in r.text
+    assert "iteration        4/" not in r.text
+
+
+def test_per_iteration_undoes_second_iteration_average():
+    assert h.per_iteration({4: 5.0, 5: 4.5, 6: 4.0}) == {4: 5.0, 5: 4.0, 6: 4.0}
+
+
+def test_parse_losses_reads_a_training_log_line():
+    line = (
+        " [2026-01-01 00:00:00.000000] iteration        3/       6 | consumed samples:           24 |"
+        " elapsed time per iteration (ms): 120.4 | learning rate: 1.000000E-03 | global batch size:     8 |"
+        " lm loss: 5.512977E+00 | loss scale: 1.0 | grad norm: 1.348 |"
+    )
+    assert h.parse_losses(line) == {3: 5.512977}
+
+
+def test_harness_path():
+    assert Path(h.__file__).parent.name == "megatron_cpu"

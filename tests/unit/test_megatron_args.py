@@ -1,0 +1,152 @@
+"""``--dataloader-type zephon`` survives every Megatron parse; the provider swap; the zephon -> external map.
+
+Megatron re-parses ``sys.argv`` inside ``pretrain()`` (fault-tolerance setup,
+in-process restart) without the script's extra-arguments provider; these
+tests parse exactly the way those calls do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from argparse import Namespace
+
+import pytest
+
+from zephon_megatron import args as zargs
+
+margs = pytest.importorskip("megatron.training.arguments")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+ARGV = ["train.py", "--dataloader-type", "zephon", "--zephon-recipe", "r.toml", "--dataloader-save", "/tmp/dls",
+        "--zephon-canonical-replicas", "8", "--num-layers", "2"]
+
+
+@pytest.fixture()
+def installed(monkeypatch):
+    # Undo the wrapping after each test.
+    monkeypatch.setattr(margs, "add_megatron_arguments", margs.add_megatron_arguments)
+    monkeypatch.setattr(margs, "parse_args", margs.parse_args)
+    zargs.install_arguments()
+    return margs
+
+
+def test_stock_megatron_rejects_the_choice(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ARGV[:3])
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    original = getattr(margs.add_megatron_arguments, "__wrapped__", margs.add_megatron_arguments)
+    original(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_known_args(ARGV[1:3])
+
+
+def test_the_reparse_without_provider_accepts_zephon_and_its_flags(installed, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ARGV)
+    # ft_integration.setup() and inprocess_restart: arguments.parse_args(ignore_unknown_args=True)
+    ns = installed.parse_args(ignore_unknown_args=True)
+    assert (ns.dataloader_type, ns.zephon_recipe, ns.dataloader_save, ns.zephon_canonical_replicas) == (
+        "zephon", "r.toml", "/tmp/dls", 8)
+    # the script's own strict parse, with its own provider
+    seen = []
+
+    def provider(parser):
+        seen.append(True)
+        parser.add_argument("--my-flag", type=int, default=3)
+        return parser
+
+    ns = installed.parse_args(provider, False)
+    assert seen and ns.my_flag == 3 and ns.dataloader_type == "zephon"
+
+
+def test_a_script_that_defines_dataloader_save_itself_does_not_conflict(installed, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ARGV)
+
+    def provider(parser):
+        parser.add_argument("--dataloader-save", type=str, default=None, help="the script's own")
+        return parser
+
+    assert installed.parse_args(provider, False).dataloader_save == "/tmp/dls"
+
+
+def test_installing_twice_wraps_once(installed):
+    before = (installed.add_megatron_arguments, installed.parse_args)
+    zargs.install_arguments()
+    assert (installed.add_megatron_arguments, installed.parse_args) == before
+
+
+def test_other_dataloader_types_are_untouched(installed, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["t.py", "--dataloader-type", "cyclic"])
+    ns = installed.parse_args(ignore_unknown_args=True)
+    assert ns.dataloader_type == "cyclic" and not zargs.is_requested(ns) and not zargs.to_external(ns)
+
+
+def test_zephon_maps_to_external_with_a_marker():
+    ns = Namespace(dataloader_type="zephon")
+    assert zargs.is_requested(ns) and zargs.to_external(ns)
+    assert ns.dataloader_type == "external" and ns.zephon is True
+    assert zargs.to_external(ns) and zargs.is_requested(ns)  # idempotent; still recognised after the map
+
+
+@pytest.mark.parametrize(
+    "argv,want",
+    [
+        (["--dataloader-type", "zephon"], True),
+        (["--dataloader-type=zephon"], True),
+        (["--dataloader-type", "zephon", "--dataloader-type", "single"], False),
+        (["--data-path", "x"], False),
+    ],
+)
+def test_requested_in_argv(argv, want):
+    assert zargs.requested_in_argv(argv) is want
+
+
+def test_settings_need_a_recipe():
+    from zephon_megatron.validate import ZephonMegatronError
+
+    with pytest.raises(ZephonMegatronError, match="--zephon-recipe"):
+        zargs.Settings.from_args(Namespace(dataloader_type="zephon"))
+
+
+def test_pretrain_wrapper_swaps_the_provider_only_for_zephon(monkeypatch):
+    from megatron.training import global_vars
+
+    from zephon_megatron import loader, plugin
+
+    calls = []
+
+    def pretrain(cfg_container, train_valid_test_dataset_provider, model_type, forward_step_func, model_provider=None):
+        calls.append(train_valid_test_dataset_provider)
+
+    def theirs(num_samples):
+        raise AssertionError("not to be called")
+
+    wrapped = plugin.wrap_pretrain(pretrain)
+    assert plugin.wrap_pretrain(wrapped) is wrapped
+    monkeypatch.setattr(loader, "prepare", lambda args: True)
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", Namespace(dataloader_type="single"))
+    wrapped("cfg", theirs, "enc", "fwd")
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", Namespace(dataloader_type="zephon"))
+    wrapped("cfg", theirs, "enc", "fwd", model_provider=None)
+    wrapped(cfg_container="cfg", train_valid_test_dataset_provider=theirs, model_type="enc", forward_step_func="fwd")
+    assert calls[0] is theirs
+    assert calls[1] is calls[2] is loader.train_valid_test_datasets_provider
+    assert loader.train_valid_test_datasets_provider.is_distributed
+
+
+def test_prepare_maps_and_validates_from_arguments(tmp_path):
+    from zephon_megatron import loader
+    from zephon_megatron.validate import ZephonMegatronError
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('canonical_replicas = 4\n[[sources]]\npath = "x.jsonl"\n')
+    base = dict(dataloader_type="zephon", zephon_recipe=str(recipe), data_parallel_size=2, micro_batch_size=2,
+                global_batch_size=8, tensor_model_parallel_size=1, pipeline_model_parallel_size=1, context_parallel_size=1,
+                eval_iters=0, create_attention_mask_in_dataloader=True, zephon_aggregate_dir=str(tmp_path), zephon_run_id="r")
+    ns = Namespace(**base)
+    assert loader.prepare(ns) and ns.dataloader_type == "external" and ns.zephon
+    assert not loader.prepare(Namespace(dataloader_type="single"))
+    with pytest.raises(ZephonMegatronError, match="not divisible by the data-parallel size 3"):
+        loader.prepare(Namespace(**{**base, "data_parallel_size": 3, "global_batch_size": 12}))
+    with pytest.raises(ZephonMegatronError, match="standalone"):
+        recipe.write_text('[[sources]]\npath = "x.jsonl"\n[standalone]\nseq_len = 8\n')
+        loader.prepare(Namespace(**base))

@@ -1,0 +1,120 @@
+"""The adapter's tensor-parallel broadcast on gloo (2 processes), and its batches with Megatron's own broadcast."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from zephon_core import MemorySource, Pipeline, StaticMixture  # noqa: E402
+from zephon_megatron.batches import BatchFormat  # noqa: E402
+
+FORMATS = {
+    "plain": BatchFormat(eod_id=9),
+    "masks": BatchFormat(eod_id=9, eod_mask_loss=True, reset_position_ids=True, attention_mask=True, reset_attention_mask=True),
+    "cu": BatchFormat(eod_id=9, reset_position_ids=True, cu_seqlens=True),
+}
+
+
+def _batches(fmt_name: str, n: int = 3):
+    from zephon_megatron.loader import _micro_batch
+
+    docs = [[10 + d] * (1 + d % 6) + [9] for d in range(30)]
+    p = Pipeline(StaticMixture([MemorySource(docs)], seed=2, chunk_size=4)).pack(10).batch(2).options(canonical_replicas=1)
+    return [_micro_batch(b, FORMATS[fmt_name]) for b, _ in zip(p, range(n))]
+
+
+def _worker(rank: int, world: int, store: str, out: str) -> None:
+    try:
+        import torch.distributed as dist
+
+        from zephon_megatron.broadcast import broadcast_microbatch
+
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+        results = {}
+        for fmt_name, verify in CASES:
+            rows = []
+            for mb in _batches(fmt_name):
+                got = broadcast_microbatch(mb if rank == 0 else None, src=0, group=dist.group.WORLD, verify=verify)
+                rows.append({k: (v.numpy() if v is not None else None) for k, v in dict.items(got)})
+                rows[-1]["meta"] = None if got.meta is None else got.meta.line()
+            results[fmt_name] = rows
+        torch.save(results, f"{out}.{rank}")
+        solo = dist.new_group([0])
+        if rank == 0:
+            with open(f"{out}.megatron", "w") as f:
+                f.write(_megatron_check(solo))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        with open(f"{out}.{rank}.err", "w") as f:
+            f.write(traceback.format_exc())
+        raise
+
+
+def _megatron_check(group) -> str:
+    """A micro-batch through Megatron's own get_batch_on_this_tp_rank, as a checkout's get_batch passes it."""
+    try:
+        from megatron.core.utils import get_batch_on_this_tp_rank
+    except ImportError:
+        return "absent"
+    mb = _batches("plain", 1)[0]
+    assert "attention_mask" not in mb and mb["attention_mask"] is None
+    # Tensor-parallel rank 0 with Megatron's default mask flag on and TP=1: no mask is sent or expected.
+    batch = get_batch_on_this_tp_rank(
+        dict(mb), has_cu_seqlens=False, is_hybrid_cp=False, create_attention_mask_in_dataloader=True,
+        broadcast_src_rank=0, broadcast_group=group, cp_size=1, tp_rank=0, micro_batch_size=2,
+        seq_length=10, mtp_on_this_rank=False,
+    )
+    assert batch["attention_mask"] is None and tuple(batch["tokens"].shape) == (2, 10)
+    return "ok"
+
+
+CASES = [("plain", True), ("masks", False), ("cu", True)]
+
+
+@pytest.fixture(scope="module")
+def exchanged(tmp_path_factory):
+    """Run the 2-process exchange once: what rank 0 sent and rank 1 received, per format."""
+    tmp = tmp_path_factory.mktemp("bcast")
+    out = str(tmp / "res")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(r, 2, str(tmp / "store"), out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    errs = [(tmp / f).read_text() for f in os.listdir(tmp) if f.endswith(".err")]
+    assert not errs, "\n".join(errs)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    with open(f"{out}.megatron") as f:
+        megatron = f.read()
+    return torch.load(f"{out}.0", weights_only=False), torch.load(f"{out}.1", weights_only=False), megatron
+
+
+@pytest.mark.parametrize("fmt_name", [c[0] for c in CASES])
+def test_peers_receive_exactly_what_rank_zero_sent(exchanged, fmt_name):
+    sent, got = exchanged[0][fmt_name], exchanged[1][fmt_name]
+    assert len(sent) == len(got) == 3
+    for a, b in zip(sent, got):
+        assert set(k for k, v in a.items() if v is not None) == set(k for k, v in b.items() if v is not None)
+        for k, v in a.items():
+            if isinstance(v, np.ndarray):
+                assert v.dtype == b[k].dtype and v.shape == b[k].shape and (v == b[k]).all(), k
+        assert a["meta"] == b["meta"] and len(a["meta"].split()) == 3
+        assert b["tokens"].dtype == np.int64 and b["loss_mask"].dtype == np.float32
+        if fmt_name == "masks":
+            assert b["attention_mask"].dtype == bool and b["attention_mask"].shape == (2, 1, 10, 10)
+        if fmt_name == "cu":
+            assert b["cu_seqlens"].dtype == np.int32 and b["max_seqlen"].dtype == np.int32
+
+
+def test_batches_fit_megatrons_get_batch_on_this_tp_rank(exchanged):
+    if exchanged[2] == "absent":
+        pytest.skip("megatron-core is not installed")
+    assert exchanged[2] == "ok"

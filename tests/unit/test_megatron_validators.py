@@ -1,0 +1,95 @@
+"""zephon_megatron's start-up validators: each refusal, and the message that says what to change."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+
+import pytest
+
+from zephon_megatron.validate import RunShape, ZephonMegatronError, check, problems
+
+
+def shape(**kw) -> RunShape:
+    base = dict(dp=2, micro_batch_size=2, global_batch_size=8, num_microbatches=2, canonical_replicas=4,
+                aggregate_dir="/shared/agg", run_id="run", create_attention_mask=False)
+    base.update(kw)
+    return RunShape(**base)
+
+
+def test_a_good_run_has_no_problems():
+    assert problems(shape()) == []
+    check(shape())
+
+
+def test_canonical_replicas_must_be_divisible_by_dp():
+    (msg,) = problems(shape(dp=3, num_microbatches=2, global_batch_size=12, canonical_replicas=4))
+    assert "canonical_replicas=4 is not divisible by the data-parallel size 3" in msg
+    assert "[1, 2, 4]" in msg and "--zephon-canonical-replicas" in msg
+
+
+def test_batches_per_step_must_be_a_multiple_of_canonical_replicas():
+    (msg,) = problems(shape(global_batch_size=4, num_microbatches=1, canonical_replicas=4))
+    assert "1 x 2 = 2 micro-batches" in msg and "not a multiple of canonical_replicas=4" in msg
+    assert "--global-batch-size to a multiple of 8" in msg
+
+
+def test_unknown_canonical_replicas_is_checked_later():
+    assert problems(shape(canonical_replicas=None, dp=3)) == []
+
+
+def test_aggregation_is_needed_beyond_one_dp_rank():
+    (msg,) = problems(shape(aggregate_dir=None, run_id=None))
+    assert "--zephon-aggregate-dir and --zephon-run-id" in msg
+    assert problems(shape(dp=1, num_microbatches=4, aggregate_dir=None, run_id=None)) == []
+
+
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (dict(rampup_batch_size=["4", "4", "100"]), "--rampup-batch-size"),
+        (dict(virtual_pp=2, pp=2), "virtual pipeline parallelism is not supported"),
+        (dict(cp=2), "--context-parallel-size 2 is not supported"),
+        (dict(eval_iters=10), "--zephon-valid-recipe"),
+        (dict(sft=True), "--sft"),
+        (dict(full_validation=True), "--full-validation"),
+        (dict(reset_attention_mask=True, create_attention_mask=False), "--reset-attention-mask needs"),
+        (dict(inter_document_masking=True, megatron_broadcast=False), "packed-sequence parameters"),
+        (dict(save="/ckpt", dataloader_save=None), "pass --dataloader-save"),
+    ],
+)
+def test_each_unsupported_setting_is_refused_with_its_fix(kw, needle):
+    found = problems(shape(**kw))
+    assert len(found) == 1 and needle in found[0], found
+
+
+def test_eval_with_a_held_out_recipe_is_fine():
+    assert problems(shape(eval_iters=10, valid_recipe="heldout.toml")) == []
+
+
+def test_tensor_parallel_attention_mask_deadlock_is_refused_on_the_megatron_broadcast_route():
+    (msg,) = problems(shape(tp=2, create_attention_mask=True))
+    assert "hang" in msg and "--no-create-attention-mask-in-dataloader" in msg
+    # Fine when the mask is off, when a mask is actually made, with TP=1, or with the adapter's own broadcast.
+    assert problems(shape(tp=2, create_attention_mask=False)) == []
+    assert problems(shape(tp=2, create_attention_mask=True, reset_attention_mask=True)) == []
+    assert problems(shape(tp=1, create_attention_mask=True)) == []
+    assert problems(shape(tp=2, create_attention_mask=True, megatron_broadcast=False)) == []
+
+
+def test_check_lists_every_problem_at_once():
+    with pytest.raises(ZephonMegatronError) as e:
+        check(shape(canonical_replicas=3, cp=2))
+    text = str(e.value)
+    assert text.startswith("zephon: this run cannot start:") and text.count("\n  - ") == 2
+    assert isinstance(e.value, ValueError)
+
+
+def test_shape_from_megatron_arguments():
+    args = Namespace(data_parallel_size=2, micro_batch_size=2, global_batch_size=16, tensor_model_parallel_size=2,
+                     pipeline_model_parallel_size=1, context_parallel_size=1, virtual_pipeline_model_parallel_size=None,
+                     rampup_batch_size=None, eval_iters=0, create_attention_mask_in_dataloader=False,
+                     reset_attention_mask=False, dataloader_inter_document_masking=False, sft=False, save=None,
+                     dataloader_save=None)
+    s = RunShape.from_args(args, canonical_replicas=8, aggregate_dir="a", run_id="r")
+    assert (s.num_microbatches, s.batches_per_step, s.tp) == (4, 8, 2)
+    assert problems(s) == []
