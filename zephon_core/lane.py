@@ -161,12 +161,21 @@ class LaneStream:
 
     def _doc_at(self) -> tuple[np.ndarray, int, int] | None:
         """The document under the packer, normalising the position past ends."""
+        start_chunk = self._pos[0]
         while True:
             k, i, t = self._pos
             pc = self._chunk(k)
             if pc is None:
                 return None
             if i >= len(pc.docs):
+                # Eight epochs' worth of chunks without a token: every document
+                # is empty or filtered out (a lone surviving document would have
+                # reached this lane with probability above 99.9%). Fail, not hang.
+                if k - start_chunk > 8 * self._ws.chunks_per_epoch + 1:
+                    raise DataError(
+                        f"lane {self.lane}: no tokens in {k - start_chunk} consecutive chunks (eight epochs): "
+                        "every document is empty or removed by a filter"
+                    )
                 self._pos = (k + 1, 0, 0)
                 continue
             doc = pc.docs[i]

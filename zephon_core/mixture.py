@@ -120,6 +120,11 @@ class StaticMixture:
         self._num_chunks = None if exhausted == "repeat" else min(math.ceil(n / c) for n, c in zip(self._sizes, counts))
 
     @property
+    def chunks_per_epoch(self) -> int:
+        """Chunks after which every source has been through all its documents at least once."""
+        return max(math.ceil(n / c) for n, c in zip(self._sizes, self.counts))
+
+    @property
     def num_chunks(self) -> int | None:
         """Chunks in the curriculum, or None when it repeats forever."""
         return self._num_chunks

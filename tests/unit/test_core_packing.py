@@ -277,3 +277,14 @@ def test_process_runner_gives_the_same_data():
     ref = digests(take(build(), 5))
     with build(parallelism=2, runner="process") as p:
         assert digests(take(p, 5)) == ref
+
+
+def test_a_curriculum_without_tokens_fails_instead_of_hanging():
+    import pytest
+
+    from zephon_core import DataError, MemorySource, Pipeline, StaticMixture
+
+    ws = StaticMixture([MemorySource([[1, 2, 3]] * 50, name="d")], seed=1, chunk_size=4)
+    p = Pipeline(ws).filter(lambda d: False).pack(seq_len=4).batch(1).options(prefetch=0)
+    with pytest.raises(DataError, match="no tokens in .* consecutive chunks"):
+        next(iter(p))
