@@ -36,9 +36,10 @@ import fsspec
 
 from zephon_core.errors import AggregationError, StateError
 from zephon_core.sources.base import is_local
-from zephon_core.state import canonical_json, merge_states, parse_lanes
+from zephon_core.state import canonical_json, merge_states, parse_lanes, verify_checksum
 
 ROUND_FILE = "round.json"
+TMP_PREFIX = ".tmp-"
 
 
 def _now() -> float:
@@ -67,7 +68,7 @@ class _Dir:
         target = self.file(name)
         try:
             if self.local:
-                fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")
+                fd, tmp = tempfile.mkstemp(dir=self.path, prefix=TMP_PREFIX)
                 try:
                     with os.fdopen(fd, "wb") as f:
                         f.write(data)
@@ -153,7 +154,8 @@ class Aggregator:
     def _lead(self, local_state: dict[str, Any]) -> dict[str, Any]:
         d = self.dir
         keep = {f"merged-{self.last_token}.json"} if self.last_token else set()
-        d.remove([n for n in d.names() if n not in keep])
+        # Temporary files are other ranks' writes in flight; a crashed writer's are tiny.
+        d.remove([n for n in d.names() if n not in keep and not n.startswith(TMP_PREFIX)])
         token = uuid.uuid4().hex
         d.write(ROUND_FILE, {"token": token, "round": self.rounds, "world_size": self.world_size})
         expected = {r: f"state-{token}-{r:05d}.json" for r in range(1, self.world_size)}
@@ -187,7 +189,6 @@ class Aggregator:
                 f"the {self.world_size} pipeline(s) of this checkpoint cover no lane(s) {uncovered} of canonical_replicas={C}: "
                 "world_size must count a pipeline of every data-parallel group"
             )
-        merged["topology"]["dp_degree"] = max(st["topology"].get("dp_degree", 1) for st in states.values())
         d.write(f"merged-{token}.json", {"participants": {str(r): n for r, n in nonces.items()}, "state": merged})
         if self.last_token:
             d.remove([f"merged-{self.last_token}.json"])
@@ -201,6 +202,7 @@ class Aggregator:
         st = envelope["state"]
         try:
             parse_lanes(st)
+            verify_checksum(st)
         except StateError as e:
             raise AggregationError(f"{where}: {e}") from None
         if st["topology"].get("global_rank") != rank:
@@ -218,13 +220,9 @@ class Aggregator:
         nonce = uuid.uuid4().hex
         delay = d.poll_s
         while True:
-            rnd = d.read(ROUND_FILE)
-            current = rnd.get("token") if isinstance(rnd, dict) else None
-            if current and current != self.last_token and current != token and current not in stale:
-                token = current  # (re)join the newest round
-                d.write(f"state-{token}-{self.rank:05d}.json", {"nonce": nonce, "state": local_state})
-                # The leader may wait for slow ranks for its whole timeout; allow for it.
-                deadline = max(deadline, _now() + self.timeout_s + 5.0)
+            # The merged file of the round this rank joined comes first: the leader
+            # opens its next round only after publishing it, so a newer round token
+            # never means this rank's round was lost.
             if token is not None:
                 published = d.read(f"merged-{token}.json")
                 if published is not None:
@@ -240,6 +238,16 @@ class Aggregator:
                         self._check_merged(published["state"], local_state, where)
                         self.last_token = token
                         return published["state"]
+            rnd = d.read(ROUND_FILE)
+            current = rnd.get("token") if isinstance(rnd, dict) else None
+            if current and current != self.last_token and current != token and current not in stale:
+                if token is not None and d.read(f"merged-{token}.json") is not None:
+                    continue  # published between the two reads: take it on the next pass
+                token = current  # (re)join the newest round
+                d.write(f"state-{token}-{self.rank:05d}.json", {"nonce": nonce, "state": local_state})
+                # The leader may wait for slow ranks for its whole timeout; allow for it.
+                deadline = max(deadline, _now() + self.timeout_s + 5.0)
+                continue
             if _now() > deadline:
                 if token is None:
                     raise AggregationError(
@@ -256,6 +264,7 @@ class Aggregator:
     def _check_merged(self, merged: Any, local_state: dict[str, Any], where: str) -> None:
         try:
             lanes = parse_lanes(merged)
+            verify_checksum(merged)
         except StateError as e:
             raise AggregationError(f"{where}: {e}") from None
         mine = parse_lanes(local_state)

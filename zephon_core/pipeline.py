@@ -19,7 +19,7 @@ from zephon_core.lane import LaneStream
 from zephon_core.lanes import next_lane, owned_lanes
 from zephon_core.mixture import StaticMixture
 from zephon_core.ops import BatchOp, DocOp, FilterOp, MapOp, PackOp, ShuffleOp, TokenizeOp
-from zephon_core.state import LaneState, diff_definitions, fingerprint_of, make_state, parse_lanes
+from zephon_core.state import LaneState, diff_definitions, fingerprint_of, make_state, parse_lanes, verify_checksum
 
 DEFAULT_AGGREGATE_TIMEOUT_S = 180.0
 
@@ -315,6 +315,7 @@ class Pipeline:
                 f"the state has no progress for lane(s) {missing} owned by dp_group_id={ident.dp_group_id} of {ident.dp_degree}; "
                 "restore from the merged state (checkpoint() with world_size > 1, or merge_states)"
             )
+        verify_checksum(state)
         self._identity = ident
         self._restored = {lane: lanes[lane] for lane in ident.lanes}
 

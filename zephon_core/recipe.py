@@ -237,6 +237,10 @@ def load_recipe(path: str | os.PathLike[str], overrides: dict[str, Any] | None =
         raise ConfigError(f"{path}: cannot read recipe ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML ({e})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 TOML file") from None
+    if "sources" in raw and not isinstance(raw["sources"], list):
+        raise ConfigError(f"{path}: sources: must be an array of tables, written [[sources]], got a {type(raw['sources']).__name__}")
     def fail(e: OmegaConfBaseException, prefix: str = "") -> ConfigError:
         key = prefix + (getattr(e, "full_key", None) or "")
         return ConfigError(f"{path}: {key + ': ' if key else ''}{str(e).splitlines()[0]}")
@@ -253,5 +257,7 @@ def load_recipe(path: str | os.PathLike[str], overrides: dict[str, Any] | None =
         spec = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise fail(e) from None
+    except (TypeError, ValueError) as e:  # OmegaConf raises these for container mismatches
+        raise ConfigError(f"{path}: {e}") from None
     assert isinstance(spec, RecipeSpec)
     return Recipe(spec, path, Path(path).resolve().parent)

@@ -8,7 +8,8 @@ A state is plain JSON data (no pickle, nothing executable):
      "canonical_replicas": C,
      "topology": {"dp_degree": G, "world_size": W, ...},
      "lanes": {"<lane>": {"cursor": [chunk, document, token, delivered_in_window],
-                          "delivered": batches delivered}}}
+                          "delivered": batches delivered}},
+     "checksum": sha256 of the canonical JSON of all the other fields}
 
 A per-group state holds the lanes that group owns; merging states takes the
 union of their lanes, and a merged state restores on any topology.
@@ -27,7 +28,7 @@ from zephon_core.errors import StateError
 
 FORMAT = "zephon.state"
 VERSION = 1
-_TOP_KEYS = {"format", "version", "fingerprint", "definition", "canonical_replicas", "topology", "lanes"}
+_TOP_KEYS = {"format", "version", "fingerprint", "definition", "canonical_replicas", "topology", "lanes", "checksum"}
 
 
 def canonical_json(value: Any) -> str:
@@ -36,6 +37,11 @@ def canonical_json(value: Any) -> str:
 
 def fingerprint_of(definition: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(definition).encode()).hexdigest()
+
+
+def checksum_of(state: Mapping[str, Any]) -> str:
+    """Covers every field, so a flipped bit in a cursor is caught, not restored."""
+    return hashlib.sha256(canonical_json({k: v for k, v in state.items() if k != "checksum"}).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -91,8 +97,22 @@ def parse_lanes(state: Mapping[str, Any]) -> dict[int, LaneState]:
     return lanes
 
 
+def verify_checksum(state: Mapping[str, Any]) -> None:
+    """Refuse a structurally valid state whose content was altered (a flipped bit, an edit).
+
+    Called after the field-by-field checks, so a malformed state is reported
+    by the field at fault and only a silent change of value ends up here.
+    """
+    try:
+        intact = state["checksum"] == checksum_of(state)
+    except (TypeError, ValueError):  # not JSON data at all
+        intact = False
+    if not intact:
+        raise StateError("state field checksum does not match its content: the state was altered or corrupted")
+
+
 def make_state(definition: Mapping[str, Any], C: int, topology: Mapping[str, Any], lanes: Mapping[int, LaneState]) -> dict[str, Any]:
-    return {
+    state = {
         "format": FORMAT,
         "version": VERSION,
         "fingerprint": fingerprint_of(definition),
@@ -101,6 +121,8 @@ def make_state(definition: Mapping[str, Any], C: int, topology: Mapping[str, Any
         "topology": dict(topology),
         "lanes": {str(lane): {"cursor": list(ls.cursor), "delivered": ls.delivered} for lane, ls in sorted(lanes.items())},
     }
+    state["checksum"] = checksum_of(state)
+    return state
 
 
 def merge_states(
@@ -122,6 +144,7 @@ def merge_states(
     owner: dict[int, int] = {}
     for n, st in enumerate(states):
         lanes = parse_lanes(st)
+        verify_checksum(st)
         if st["fingerprint"] != first["fingerprint"]:
             raise StateError(f"{names[n]} has a different data definition than {names[0]}: {'; '.join(diff_definitions(first['definition'], st['definition'])[:3])}")
         if st["canonical_replicas"] != first["canonical_replicas"]:
@@ -134,7 +157,8 @@ def merge_states(
                 )
             merged[lane] = ls
             owner.setdefault(lane, n)
-    topo = {"dp_degree": first["topology"].get("dp_degree"), "world_size": world_size or first["topology"].get("world_size")}
+    degrees = [st["topology"].get("dp_degree") for st in states if isinstance(st["topology"].get("dp_degree"), int)]
+    topo = {"dp_degree": max(degrees) if degrees else None, "world_size": world_size or first["topology"].get("world_size")}
     return make_state(first["definition"], first["canonical_replicas"], topo, merged)
 
 

@@ -9,6 +9,8 @@ import threading
 import time
 
 import pytest
+
+from zephon_core.state import checksum_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from core_fixtures import digests, json_roundtrip, mixture, take, token_pipeline
@@ -140,6 +142,7 @@ def test_restore_is_a_seek():
     state["lanes"]["1"]["cursor"] = [far, 2, 0, 0]
     state["lanes"]["1"]["delivered"] = 7
     state["lanes"]["0"]["delivered"] = 7
+    state["checksum"] = checksum_of(state)  # a deliberate edit, re-sealed
     q = token_pipeline(ws, canonical_replicas=2, dp_degree=1, dp_group_id=0)
     q.restore(state)
     t0 = time.monotonic()

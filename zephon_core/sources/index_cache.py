@@ -40,7 +40,7 @@ def load(path: Path, fingerprint: dict[str, Any]) -> dict[str, np.ndarray] | Non
             if stored != fingerprint:
                 return None
             return {k: data[k] for k in data.files if k != "fingerprint"}
-    except (OSError, ValueError, KeyError, json.JSONDecodeError):
+    except Exception:  # any damage (bad zip, CRC, truncation, object arrays): rebuild, never trust
         return None
 
 

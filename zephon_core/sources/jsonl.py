@@ -59,6 +59,8 @@ class JsonlSource(Source):
             mtime = None
         cache_key = {**self._fingerprint, "mtime": str(mtime)}
         arrays = index_cache.load(cache_file, cache_key)
+        if arrays is not None and not self._plausible(arrays):
+            arrays = None
         if arrays is None:
             arrays = self._build_index()
             index_cache.store(cache_file, cache_key, arrays)
@@ -68,6 +70,23 @@ class JsonlSource(Source):
         self._fd: int | None = None
         self._fd_lock = threading.Lock()
         self._require_nonempty(self.path)
+
+    def _plausible(self, arrays: dict[str, np.ndarray]) -> bool:
+        """A cached index must describe this file: ordered, in bounds, ending at its last record."""
+        try:
+            starts, lengths, lines = arrays["starts"], arrays["lengths"], arrays["lines"]
+        except KeyError:
+            return False
+        n = len(starts)
+        if n == 0 or len(lengths) != n or len(lines) != n or any(a.dtype != np.int64 for a in (starts, lengths, lines)):
+            return False
+        ends = starts + lengths
+        size = int(self._fingerprint["size"])
+        if starts[0] < 0 or np.any(lengths <= 0) or np.any(starts[1:] <= ends[:-1]) or ends[-1] > size or np.any(np.diff(lines) <= 0):
+            return False
+        with self._fs.open(self._fspath, "rb") as f:  # nothing but whitespace may follow the last record
+            f.seek(int(ends[-1]))
+            return not f.read(size - int(ends[-1])).strip()
 
     def _build_index(self) -> dict[str, np.ndarray]:
         starts: list[int] = []

@@ -53,7 +53,10 @@ class ParquetSource(Source):
             if g in self._groups:
                 self._groups.move_to_end(g)
                 return self._groups[g]
-            values = self._file.read_row_group(g, columns=[self.text_field]).column(0).to_pylist()
+            try:
+                values = self._file.read_row_group(g, columns=[self.text_field]).column(0).to_pylist()
+            except Exception as e:  # pyarrow raises several unrelated types for corrupt data
+                raise DataError(f"{self.path}: row group {g}: cannot read column {self.text_field!r} ({type(e).__name__}: {e})") from None
             self._groups[g] = values
             if len(self._groups) > _CACHED_ROW_GROUPS:
                 self._groups.popitem(last=False)

@@ -150,6 +150,11 @@ class MegatronIndexedSource(Source):
         end = int(self._pointers[-1]) + int(self._lengths[-1]) * self._dtype.itemsize if n_seq else 0
         if bin_size < end:
             raise DataError(f"{self._bin_path}: truncated: {bin_size} bytes, the index points up to byte {end}")
+        if bin_size != end:
+            raise DataError(
+                f"{self._bin_path}: {bin_size} bytes, but its index describes {end} bytes of {self._dtype} tokens; "
+                "the .bin and .idx do not belong together (or the index has the wrong field dtype)"
+            )
         self._bin = np.memmap(self._bin_path, mode="r", dtype=np.uint8) if bin_size else np.zeros(0, np.uint8)
 
     def __len__(self) -> int:
