@@ -1,0 +1,208 @@
+"""Resuming from a damaged merged state: truncated files, flipped bytes,
+corrupt files in the aggregation folder. A damaged state is refused with a
+message naming the file or field; an intact one resumes with 0 samples lost
+or duplicated."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+import relkit
+from relkit import C, M, by_step, compare, reference
+from zephon_core import AggregationError, StateError, ZephonError, merge_states
+from zephon_core.cli import CliError, load_state
+
+STEPS = 3
+
+
+def merged_state(steps: int = STEPS) -> dict:
+    """A merged state of two groups after ``steps`` optimizer steps."""
+    parts = []
+    for g in range(2):
+        p = relkit.pipeline(dp_degree=2, dp_group_id=g, prefetch=0)
+        it = iter(p)
+        for _ in range(steps * C * M // 2):
+            next(it)
+        parts.append(p.local_state())
+        p.close()
+    return json.loads(json.dumps(merge_states(parts, world_size=2)))
+
+
+def resume_rows(state: dict, steps: int, G: int = 2) -> list:
+    rows = []
+    for g in range(G):
+        p = relkit.pipeline(dp_degree=G, dp_group_id=g, prefetch=0)
+        p.restore(state)
+        it = iter(p)
+        rows += [relkit.batch_record(next(it)) for _ in range(steps * C * M // G)]
+        p.close()
+    return rows
+
+
+def test_intact_merged_file_resumes_without_loss(tmp_path, rel):
+    state = merged_state()
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps(state))
+    loaded = load_state(str(path))
+    before = []
+    for g in range(2):  # the rows of the first STEPS steps, as the first run delivered them
+        p = relkit.pipeline(dp_degree=2, dp_group_id=g, prefetch=0)
+        it = iter(p)
+        before += [relkit.batch_record(next(it)) for _ in range(STEPS * C * M // 2)]
+        p.close()
+    after = resume_rows(loaded, 3, G=4)  # resumed on 4 groups
+    checked, lost, dup = compare(by_step(before + after), reference(STEPS + 3))
+    rel.case("intact merged file, resumed on 4 groups", "resumed", samples=checked, lost=lost, duplicated=dup)
+    assert (lost, dup) == (0, 0)
+
+
+def test_truncated_merged_file_is_refused(tmp_path, rel):
+    data = json.dumps(merged_state(), sort_keys=True, separators=(",", ":")).encode()
+    path = tmp_path / "merged.json"
+    bad = []
+    cuts = list(range(0, len(data)))
+    for cut in cuts:
+        path.write_bytes(data[:cut])
+        try:
+            state = load_state(str(path))
+        except CliError as e:
+            if str(path) not in str(e):
+                bad.append((cut, str(e)))
+            continue
+        try:  # valid JSON after all (cannot happen for a JSON object): restore must refuse it
+            relkit.pipeline(prefetch=0).restore(state)
+            bad.append((cut, "accepted"))
+        except StateError:
+            pass
+    rel.case(f"merged file truncated at each of {len(cuts)} lengths", "refused naming the file" if not bad else f"FAILED {bad[:3]}")
+    assert not bad, bad[:5]
+
+
+def _classify(original: dict, data: bytes, path: Path, target) -> str:
+    """What happens when the damaged bytes are loaded and restored into ``target``."""
+    path.write_bytes(data)
+    try:
+        state = load_state(str(path))
+    except CliError as e:
+        return "refused: not JSON" if str(path) in str(e) else f"UNCLEAR: {e}"
+    try:
+        target.restore(state)  # validates only: the pipeline is never iterated
+    except StateError:
+        return "refused: StateError"
+    except ZephonError as e:
+        return f"refused: {type(e).__name__}"
+    except Exception as e:  # noqa: BLE001
+        return f"UNCLEAR: {type(e).__name__}: {e}"
+    if state == original:
+        return "same state"
+    if {k: v for k, v in state.items() if k != "topology"} == {k: v for k, v in original.items() if k != "topology"}:
+        return "topology only (informational)"
+    return "SILENT: accepted a different state"
+
+
+def test_flipped_bytes_in_a_merged_file(tmp_path, rel):
+    """Flip one bit (the lowest) of every byte of a merged state file in turn.
+
+    A flip in the definition is caught by the fingerprint and most others make
+    the file invalid JSON. A flip that turns a lane's digit into another digit
+    keeps the file valid and the state well-formed; nothing in the state covers
+    the lanes, so restore accepts another position: samples would be lost or
+    repeated. This test counts every outcome and fails on any silent one.
+    """
+    original = merged_state()
+    data = json.dumps(original, sort_keys=True, separators=(",", ":")).encode()
+    path = tmp_path / "merged.json"
+    outcomes: dict[str, list[int]] = {}
+    target = relkit.pipeline(prefetch=0)
+    for pos in range(len(data)):
+        flipped = bytearray(data)
+        flipped[pos] ^= 0x01
+        outcomes.setdefault(_classify(original, bytes(flipped), path, target), []).append(pos)
+    silent = outcomes.get("SILENT: accepted a different state", [])
+    unclear = {k: v for k, v in outcomes.items() if k.startswith("UNCLEAR")}
+    summary = ", ".join(f"{k}: {len(v)}" for k, v in sorted(outcomes.items()))
+    rel.case(f"1-bit flips at each of {len(data)} bytes ({summary})", "refused or harmless" if not silent and not unclear else "FAILED")
+    assert not unclear, unclear
+    examples = [data[max(0, p - 25) : p + 10].decode() + f"  <- byte {p}" for p in silent[:3]]
+    assert not silent, f"{len(silent)} one-bit flips were restored as a different state, e.g.\n" + "\n".join(examples)
+
+
+def test_resume_from_a_silently_altered_lane_loses_samples(rel):
+    """What an undetected flip costs: a lane's chunk 0 -> 1 in a merged state
+    restores without complaint and skips that lane's data (measured)."""
+    state = merged_state()
+    altered = json.loads(json.dumps(state))
+    altered["lanes"]["2"]["cursor"][0] += 1  # '0' -> '1' is a one-bit flip
+    try:
+        rows = resume_rows(altered, 2)
+    except StateError:
+        rel.case("lane cursor altered by one bit", "refused")
+        return
+    good = resume_rows(state, 2)
+    _, lost, dup = compare(by_step(rows), by_step(good))
+    rel.case("lane cursor altered by one bit", "FAILED: restored silently", samples=sum(len(r["rows"]) for r in good), lost=lost, duplicated=dup)
+    raise AssertionError(f"restored silently: {lost} rows lost and {dup} rows not in the uninterrupted run")
+
+
+def _leader_with_fake_follower(tmp_path: Path, follower_bytes, expect: type[Exception] = AggregationError) -> str:
+    """A real leader (thread) and a follower that writes ``follower_bytes(token)`` as its state file."""
+    agg = tmp_path / "agg"
+    leader = relkit.pipeline(world_size=2, global_rank=0, dp_degree=2, dp_group_id=0, aggregate_dir=str(agg), run_id="job",
+                             aggregate_timeout_s=30, prefetch=0)
+    out: dict = {}
+
+    def lead() -> None:
+        try:
+            out["state"] = leader.checkpoint()
+        except Exception as e:  # noqa: BLE001
+            out["error"] = e
+
+    t = threading.Thread(target=lead)
+    t.start()
+    round_file = agg / "job" / "round.json"
+    relkit.wait_for(round_file.exists, 30, "the leader's round")
+    token = json.loads(round_file.read_text())["token"]
+    target = agg / "job" / f"state-{token}-00001.json"
+    tmp = target.with_name(".tmp-fake")
+    tmp.write_bytes(follower_bytes(token))
+    tmp.replace(target)
+    t.join(60)
+    assert not t.is_alive()
+    leader.close()
+    assert "error" in out, f"the leader accepted {target.name}: {out.get('state')}"
+    assert isinstance(out["error"], expect), repr(out["error"])
+    msg = str(out["error"])
+    assert target.name in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not JSON", "pickle bytes", "wrong rank", "other world size", "a bare state"])
+def test_leader_refuses_a_damaged_follower_file(tmp_path, rel, damage):
+    follower = relkit.pipeline(world_size=2, global_rank=1, dp_degree=2, dp_group_id=1, aggregate_dir=str(tmp_path / "unused"),
+                               run_id="job", prefetch=0)
+    st = follower.local_state()
+    follower.close()
+
+    def payload(token: str) -> bytes:
+        envelope = {"nonce": "n" * 32, "state": st}
+        if damage == "truncated":
+            return json.dumps(envelope).encode()[:-40]
+        if damage == "not JSON":
+            return b"\x00\x01garbage"
+        if damage == "pickle bytes":
+            return b"\x80\x04\x95\x1c\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06getpid\x94\x93\x94)R\x94."
+        if damage == "wrong rank":
+            envelope["state"] = {**st, "topology": {**st["topology"], "global_rank": 0}}
+        if damage == "other world size":
+            envelope["state"] = {**st, "topology": {**st["topology"], "world_size": 4}}
+        if damage == "a bare state":
+            return json.dumps(st).encode()
+        return json.dumps(envelope).encode()
+
+    msg = _leader_with_fake_follower(tmp_path, payload)
+    rel.case(f"follower state file: {damage}", "AggregationError naming the file")
+    assert len(msg) < 800
