@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import relkit
-from zephon_core import ConfigError, DataError, JsonlSource, MegatronIndexedSource, ParquetSource, Pipeline, StateError, TokenArraySource
+from zephon_core import ConfigError, DataError, JsonlSource, MegatronIndexedSource, ParquetSource, StateError, TokenArraySource
 from zephon_core.recipe import load_recipe
 
 # -- JSONL ------------------------------------------------------------------------

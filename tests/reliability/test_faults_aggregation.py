@@ -68,11 +68,12 @@ def recover(workdir: Path, agg: str, run_id: str, W: int, restore_state: dict, d
     return res, states[0]
 
 
-def account(rel, name: str, first_rows: list, done_steps: int, second: list, total_steps: int, final_state: dict, seed: int = 7) -> None:
+def account(rel, name: str, first_rows: list, done_steps: int, second: list, total_steps: int, final_state: dict, seed: int = 7,
+            outcome: str = "new attempt (same run_id) restores the last merged state; all ranks return the right merged state") -> None:
     """Committed rows = attempt 1 up to its last good checkpoint + attempt 2; compare with the reference."""
     rows = [rec for rec in first_rows if relkit.step_of(rec) < done_steps] + [rec for r in second for rec in r.rows]
     checked, lost, dup = compare(by_step(rows), reference(total_steps, seed))
-    rel.case(name, "recovered", samples=checked, lost=lost, duplicated=dup)
+    rel.case(name, outcome, samples=checked, lost=lost, duplicated=dup)
     assert (lost, dup) == (0, 0), f"{lost} rows lost, {dup} duplicated"
     assert final_state["lanes"] == reference_lanes(total_steps, seed)
 
@@ -92,9 +93,10 @@ def test_rank_killed_before_or_while_writing_its_state(tmp_path, rel, kind):
     assert not [n for n in names if n.startswith("state-") and n.endswith("-00001.json")], names
     if kind == "kill_mid_state_write":  # the half-written bytes exist only under a temporary name
         assert [n for n in names if n.startswith(".tmp-")], names
-    rel.case(f"rank killed: {kind}", "clear error naming the rank")
+    rel.case(f"rank killed ({kind.replace('kill_', '').replace('_', ' ')})",
+             "leader: AggregationError naming global rank 1 as missing; no state file of the dead rank under its final name")
     second, final = recover(tmp_path, agg, run_id, W, leader.states[0], 2, 5)
-    account(rel, f"rank killed: {kind}, new attempt", leader.rows + victim.rows, 2, second, 5, final)
+    account(rel, f"rank killed ({kind.replace('kill_', '').replace('_', ' ')}): rows", leader.rows + victim.rows, 2, second, 5, final)
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
@@ -119,7 +121,8 @@ def test_leader_killed_after_merging_before_publishing(tmp_path, rel, where, req
     # Resume on another topology (4 groups instead of 2) from the last published state.
     W2 = 4 if where == "local" else 2
     second, final = recover(tmp_path, agg, run_id, W2, follower.states[0], 1, 4, storage_options=so)
-    account(rel, f"leader killed before publishing ({where}), resumed on {W2} groups", res[0].rows + res[1].rows, 1, second, 4, final)
+    rel.case(f"leader killed after merging, before publishing ({where})", "follower: AggregationError 'the leader published no merged state'")
+    account(rel, f"leader killed before publishing ({where}): rows, resumed on {W2} groups", res[0].rows + res[1].rows, 1, second, 4, final)
 
 
 def _leftovers(kind: str, tmp_path: Path, agg: str, run_id: str) -> tuple[dict, list]:
@@ -167,12 +170,13 @@ def test_stale_round_files_of_a_crashed_attempt(tmp_path, rel, kind):
     ]
     res = run_ranks(cfgs, timeout=120)
     ok = all(r.returncode == 0 and r.error is None for r in res)
-    rel.case(f"stale round files ({kind}), follower first", "recovered" if ok else "FAILED: " + "; ".join(
+    rel.case(f"stale round files of a crashed attempt ({kind}), follower first",
+             "follower leaves the stale round for the new leader's; both return the new merged state" if ok else "FAILED: " + "; ".join(
         f"rank {r.cfg['rank']}: {r.error['message'] if r.error else 'rc=%s' % r.returncode}" for r in res if r.error or r.returncode))
     for r in res:
         assert r.returncode == 0 and r.error is None, r
     assert res[0].states == res[1].states
-    account(rel, f"stale round files ({kind}): rows", first_rows, 1, res, total, res[0].states[-1])
+    account(rel, f"stale round files ({kind}): rows", first_rows, 1, res, total, res[0].states[-1], outcome="0 lost, 0 duplicated")
 
 
 def test_slow_follower_is_not_carried_into_the_next_round(tmp_path, rel):
@@ -191,8 +195,8 @@ def test_slow_follower_is_not_carried_into_the_next_round(tmp_path, rel):
     res = run_ranks(cfgs, timeout=90)
     wrong = [(r.cfg["rank"], k) for r in res for k, st in enumerate(r.states) if st["lanes"] != reference_lanes(k + 1)]
     errors = [f"rank {r.cfg['rank']}: {r.error['message'][:120]}" for r in res if r.error]
-    rel.case("slow follower, leader already in the next round",
-             "ok" if not wrong and not errors else f"FAILED: inconsistent merged states {wrong}; {errors}")
+    rel.case("slow follower, leader already in the next round (no collective between checkpoints)",
+             "follower returns round k's merged state; round k+1 holds only step k+1 progress" if not wrong and not errors else f"FAILED: inconsistent merged states {wrong}; {errors}")
     assert not wrong, f"(rank, checkpoint) pairs that returned a state mixing two steps: {wrong}"
     for r in res:
         assert r.returncode == 0 and r.error is None, r
@@ -215,11 +219,12 @@ def test_new_leader_cleanup_while_a_follower_writes_into_the_stale_round(tmp_pat
     ]
     res = run_ranks(cfgs, timeout=90)
     ok = all(r.returncode == 0 and r.error is None for r in res)
-    rel.case("new leader cleans up while a follower writes into the stale round", "recovered" if ok else "FAILED: " + "; ".join(
+    rel.case("new leader cleans up while a follower writes into the stale round",
+             "in-flight .tmp- file left alone; follower moves to the new round" if ok else "FAILED: " + "; ".join(
         f"rank {r.cfg['rank']}: {r.error['message'][:150] if r.error else 'rc=%s' % r.returncode}" for r in res if r.error or r.returncode))
     for r in res:
         assert r.returncode == 0 and r.error is None, r
-    account(rel, "new leader cleans up while a follower writes: rows", first_rows, 1, res, 2, res[0].states[-1])
+    account(rel, "new leader cleans up while a follower writes: rows", first_rows, 1, res, 2, res[0].states[-1], outcome="0 lost, 0 duplicated")
 
 
 def test_planted_garbage_in_the_run_folder_is_never_merged(tmp_path, rel):
@@ -239,7 +244,8 @@ def test_planted_garbage_in_the_run_folder_is_never_merged(tmp_path, rel):
     res = run_ranks(cfgs, timeout=120)
     for r in res:
         assert r.returncode == 0 and r.error is None, r
-    account(rel, "planted garbage in the run folder", [], 0, res, 2, res[0].states[-1])
+    account(rel, "garbage planted in the run folder (round, state, merged, .tmp-, other files)", [], 0, res, 2, res[0].states[-1],
+            outcome="removed by the leader before its round; never merged")
 
 
 def test_two_jobs_share_one_aggregate_dir(tmp_path, rel):
@@ -257,7 +263,7 @@ def test_two_jobs_share_one_aggregate_dir(tmp_path, rel):
         for k, st in enumerate(mine[0].states):
             assert st["lanes"] == reference_lanes(k + 1, seed), f"{run_id}: checkpoint {k} is not its own progress"
         checked, lost, dup = compare(by_step(rec for r in mine for rec in r.rows), reference(steps, seed))
-        rel.case(f"two jobs share aggregate_dir: {run_id}", "ok", samples=checked, lost=lost, duplicated=dup)
+        rel.case(f"two concurrent jobs share aggregate_dir: {run_id}", "each checkpoints only its own progress", samples=checked, lost=lost, duplicated=dup)
         assert (lost, dup) == (0, 0)
     assert res[0].states[0]["fingerprint"] != res[W].states[0]["fingerprint"]
 
@@ -316,11 +322,12 @@ def test_readers_never_see_a_partial_file(tmp_path, rel, where, request):
     assert res[0].states == res[1].states and len(res[0].states) == rounds
     report = json.loads(out.read_text())
     total = sum(report["reads"].values())
-    rel.case(f"reader during writes ({where}): {total} whole reads", "ok" if not report["bad"] else "partial read")
+    rel.case(f"reader polls every round/state/merged file while {rounds} rounds are written ({where})",
+             f"{total} reads, all whole files" if not report["bad"] else "partial read")
     assert report["bad"] == [], f"a reader saw partial files: {report['bad'][:5]}"
     assert total > 0
     checked, lost, dup = compare(by_step(rec for r in res for rec in r.rows), reference(rounds))
-    rel.case(f"reader during writes ({where}): rows", "ok", samples=checked, lost=lost, duplicated=dup)
+    rel.case(f"reader during writes ({where}): rows", "0 lost, 0 duplicated", samples=checked, lost=lost, duplicated=dup)
     assert (lost, dup) == (0, 0)
 
 
@@ -338,7 +345,8 @@ def test_aggregate_dir_unwritable_or_full(tmp_path, rel, case):
         elif case == "read-only-folder":
             (agg / run_id).mkdir(parents=True)
             (agg / run_id).chmod(0o555)
-            kw = {r: {"fault": {"kind": "unprivileged", "round": 0}} for r in range(W)}
+            if os.geteuid() == 0:  # root writes anywhere: the ranks drop to an unprivileged user
+                kw = {r: {"fault": {"kind": "unprivileged", "round": 0}} for r in range(W)}
         else:
             kw = {0 if case.startswith("leader") else 1: {"fault": {"kind": "file_size_limit", "bytes": 200, "round": 0}}}
         cfgs = group(kw, W, work, agg=str(agg), run_id=run_id, segments=[per_rank(1, W)], timeout_s=FAIL_TIMEOUT, tag="io")
@@ -364,9 +372,16 @@ def test_aggregate_dir_unwritable_or_full(tmp_path, rel, case):
             assert not [n for n in names if n.startswith(".tmp-") or n.startswith("merged-")], names
             # space is back: the same run_id checkpoints from the start
             second, final = recover(work, str(agg), run_id, W, relkit.pipeline(7, canonical_replicas=C).local_state(), 0, 2, tag="io2")
-            account(rel, f"aggregate_dir {case}, then recovered", [], 0, second, 2, final)
+            who, other = ("leader", "follower times out: 'leader published no merged state'") if case.startswith("leader") else (
+                "follower", "leader names rank 1 as missing")
+            rel.case(f"aggregate_dir full ({who}; RLIMIT_FSIZE -> EFBIG)",
+                     f"{who}: AggregationError 'cannot write ...: File too large', no partial file; {other}")
+            account(rel, f"aggregate_dir full ({who}): rows after space is back", [], 0, second, 2, final)
+        elif case == "path-under-a-file":
+            rel.case("aggregate_dir below a plain file", "every rank: AggregationError 'cannot create aggregate folder ...: Not a directory'")
         else:
-            rel.case(f"aggregate_dir {case}", "clear error")
+            rel.case("aggregate_dir read-only (unprivileged ranks)",
+                     "leader: AggregationError 'cannot write .../round.json: Permission denied'; followers time out naming the leader")
     finally:
         if (work / "agg" / "job-io").exists():
             (work / "agg" / "job-io").chmod(0o755)

