@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from zephon_core import Batch, Pipeline
+from zephon_core import audit as batch_audit
 from zephon_core.recipe import Recipe, load_recipe
 from zephon_megatron import state as loader_state
 from zephon_megatron.args import Settings, is_requested, to_external
@@ -107,21 +108,11 @@ def tokenizer_eod(tokenizer: Any) -> int | None:
 
 # -- the audit log --------------------------------------------------------------------
 def open_batch_log() -> Any:
-    """The file named by ``ZEPHON_BATCH_LOG`` (``{rank}`` = global rank), or None.
-
-    One line per micro-batch a rank trains on: ``lane lane_index digest``
-    (``Batch.digest``). The global step of a batch is ``lane_index //
-    (batches_per_step / canonical_replicas)`` on every topology.
-    """
-    pattern = os.environ.get("ZEPHON_BATCH_LOG")
-    if not pattern:
-        return None
+    """``zephon_core.audit``'s log for this process's global rank (None when unset)."""
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    path = pattern.replace("{rank}", str(rank))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    return open(path, "a", encoding="utf-8", buffering=1)
+    return batch_audit.open_batch_log(rank)
 
 
 # -- iterators ------------------------------------------------------------------------
@@ -164,7 +155,7 @@ class ZephonTrainIterator:
         b = next(self._it)
         self.delivered += 1
         if self._log is not None:
-            self._log.write(f"{b.lane} {b.lane_index} {b.digest}\n")
+            self._log.write(batch_audit.log_line(b))
         return _micro_batch(b, self.fmt)
 
     @property

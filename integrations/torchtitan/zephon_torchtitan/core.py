@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from zephon_core import ConfigError, Pipeline
+from zephon_core.audit import log_line, open_batch_log
 from zephon_core.recipe import Recipe, load_recipe
 
 #: TorchTitan's ignore index for labels (torchtitan.components.loss.IGNORE_INDEX).
@@ -153,11 +154,10 @@ class ZephonStream:
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         if self._iter is None:
             self._iter = iter(self.pipeline)
-        audit = open_batch_log()
+        audit = open_batch_log(coordination_identity()[1])
         for b in self._iter:
             if audit is not None:
-                audit.write(f"{b.lane} {b.lane_index} {b.digest}\n")
-                audit.flush()
+                audit.write(log_line(b))
             labels = np.where(b.loss_mask, b.labels, IGNORE_INDEX)
             yield (
                 {"input": torch.from_numpy(b.input_ids), "positions": torch.from_numpy(b.positions)},
@@ -176,20 +176,23 @@ class ZephonStream:
         self.pipeline.restore(decode_state(state_dict[STATE_KEY]))
 
 
-def open_batch_log() -> Any:
-    """The audit log named by ``ZEPHON_BATCH_LOG`` (``{rank}`` is replaced), or None.
+class StreamLoader:
+    """The loader methods both TorchTitan generations need, delegated to a ``ZephonStream``."""
 
-    One line per delivered batch: ``lane lane_index digest``. The global step
-    of a batch is ``lane_index // (batches_per_step / canonical_replicas)``
-    whatever the topology, which is what makes runs comparable step by step.
-    """
-    pattern = os.environ.get("ZEPHON_BATCH_LOG")
-    if not pattern:
-        return None
-    _, rank = coordination_identity()
-    path = pattern.replace("{rank}", str(rank))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    return open(path, "a", encoding="utf-8")
+    _stream: ZephonStream
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self._stream.pipeline
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        return iter(self._stream)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._stream.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._stream.load_state_dict(state_dict)
 
 
 def encode_state(state: dict[str, Any], capacity: int) -> torch.Tensor:

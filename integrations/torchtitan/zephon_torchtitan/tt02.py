@@ -21,7 +21,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.validate import Validator
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 
-from zephon_torchtitan.core import DEFAULT_STATE_CAPACITY, Settings, ZephonStream
+from zephon_torchtitan.core import DEFAULT_STATE_CAPACITY, Settings, StreamLoader, ZephonStream
 
 BASE_MODELS = ("llama3", "llama4", "qwen3", "deepseek_v3")
 
@@ -74,24 +74,11 @@ def settings_from(job_config: Any) -> Settings:
     )
 
 
-class ZephonDataLoader022(BaseDataLoader):
+class ZephonDataLoader022(StreamLoader, BaseDataLoader):
     """The Zephon loader in TorchTitan 0.2's loader slot."""
 
     def __init__(self, stream: ZephonStream) -> None:
         self._stream = stream
-
-    @property
-    def pipeline(self):
-        return self._stream.pipeline
-
-    def __iter__(self):
-        return iter(self._stream)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._stream.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._stream.load_state_dict(state_dict)
 
 
 def build_zephon_dataloader(dp_world_size: int, dp_rank: int, tokenizer: Any, job_config: Any, **kwargs: Any) -> ZephonDataLoader022:

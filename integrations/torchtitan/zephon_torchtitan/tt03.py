@@ -8,7 +8,7 @@ from typing import Any
 
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_torchtitan.core import DEFAULT_STATE_CAPACITY, Settings, ZephonStream
+from zephon_torchtitan.core import DEFAULT_STATE_CAPACITY, Settings, StreamLoader, ZephonStream
 
 
 def _building_trainer() -> Any | None:
@@ -40,7 +40,7 @@ def batches_per_optimizer_step(global_batch_size: int, local_batch_size: int, dp
     return trainer.gradient_accumulation_steps * getattr(trainer, "num_pipeline_parallel_microbatches", 1) * dp_world_size
 
 
-class ZephonDataLoader(BaseDataLoader):
+class ZephonDataLoader(StreamLoader, BaseDataLoader):
     """Zephon's deterministic, elastic loader in TorchTitan 0.3's loader slot."""
 
     @dataclass(kw_only=True, slots=True)
@@ -94,16 +94,3 @@ class ZephonDataLoader(BaseDataLoader):
             batches_per_step=None if validation else batches_per_optimizer_step(config.global_batch_size, local_batch_size, dp_world_size),
             validation=validation,
         )
-
-    @property
-    def pipeline(self):
-        return self._stream.pipeline
-
-    def __iter__(self):
-        return iter(self._stream)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._stream.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._stream.load_state_dict(state_dict)
