@@ -9,7 +9,6 @@ on how far the lane had got.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
@@ -293,5 +292,3 @@ class LaneStream:
         self._produced += 1
         return batch
 
-
-LaneFactory = Callable[[int, Cursor, int], LaneStream]

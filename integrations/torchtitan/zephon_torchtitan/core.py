@@ -9,7 +9,6 @@ TOML job files).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -133,9 +132,9 @@ class ZephonStream:
             world_size, global_rank, batches_per_step = 1, 0, None
         check_topology(C, dp_world_size, batches_per_step, world_size, aggregate_dir, run_id)
         tok = TokenizerAdapter(tokenizer) if not recipe.pretokenized else None
+        # pipelines_per_node is left to the core's default: LOCAL_WORLD_SIZE, set by torchrun.
         options: dict[str, Any] = dict(
             dp_degree=dp_world_size, dp_group_id=dp_rank, canonical_replicas=C, world_size=world_size, global_rank=global_rank,
-            pipelines_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
         if world_size > 1:
             options.update(aggregate_dir=aggregate_dir, run_id=run_id, aggregate_timeout_s=settings.aggregate_timeout_s or spec.aggregate.timeout_s)
