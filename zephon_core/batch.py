@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
@@ -43,7 +44,9 @@ class Batch:
 
     ``labels`` are ``input_ids`` shifted by one; ``loss_mask`` is False where
     the label is padding; ``positions`` restart at 0 at each row and document
-    boundary. ``provenance[r]`` lists the segments of row ``r``.
+    boundary. ``segments`` holds one ``(row, source, document, start, stop)``
+    line per stretch of a row, ordered by row; ``provenance[r]`` lists row
+    ``r``'s as ``Segment`` tuples (built on first use).
     """
 
     input_ids: np.ndarray
@@ -53,7 +56,15 @@ class Batch:
     lane: int
     lane_index: int  # this batch's number within its lane, from 0
     cursor: Cursor  # the lane's position after this batch
-    provenance: tuple[tuple[Segment, ...], ...]
+    segments: np.ndarray  # [n, 5] int64
+
+    @cached_property
+    def provenance(self) -> tuple[tuple[Segment, ...], ...]:
+        """Per row, where its tokens came from."""
+        seg = self.segments
+        bounds = np.searchsorted(seg[:, 0], np.arange(len(self) + 1)).tolist()
+        lines = seg[:, 1:].tolist()
+        return tuple(tuple(Segment(*x) for x in lines[a:b]) for a, b in zip(bounds[:-1], bounds[1:]))
 
     @property
     def digest(self) -> str:

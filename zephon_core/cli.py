@@ -105,7 +105,7 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     print(f"  format:             {state['format']} version {state['version']}")
     print(f"  fingerprint:        {state['fingerprint']}")
     print(f"  canonical_replicas: {state['canonical_replicas']}")
-    print(f"  topology:           " + ", ".join(f"{k}={v}" for k, v in sorted(state["topology"].items())))
+    print("  topology:           " + ", ".join(f"{k}={v}" for k, v in sorted(state["topology"].items())))
     ws = d.get("work_source", {})
     print(f"  work source:        {ws.get('kind')} seed={ws.get('seed')} chunk_size={ws.get('chunk_size')} exhausted={ws.get('exhausted')}")
     for s in ws.get("sources", []):

@@ -22,8 +22,10 @@ DROPPED = None  # a filtered-out document keeps its slot so cursor numbers stay 
 
 
 def _encode(tok: Any, texts: list[str]) -> list[list[int]]:
-    encode_batch = getattr(tok, "encode_batch", None)
-    if encode_batch is not None and hasattr(tok, "to_str"):  # a tokenizers.Tokenizer
+    # A tokenizers.Tokenizer: encode_batch_fast (tokenizers >= 0.20) gives the same ids
+    # without computing character offsets, which nothing here uses.
+    encode_batch = getattr(tok, "encode_batch_fast", None) or getattr(tok, "encode_batch", None)
+    if encode_batch is not None and hasattr(tok, "to_str"):
         return [e.ids for e in encode_batch(texts, add_special_tokens=False)]
     encode = getattr(tok, "encode", None)
     fn = encode if callable(encode) else tok

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import ConfigError
-from zephon_core.permutation import IndexPermutation, derive_key
+from zephon_core.permutation import IndexPermutation, derive_key, permute_rows
 from zephon_core.sources.base import Source
 
 EXHAUSTION_POLICIES = ("repeat", "stop")
@@ -166,19 +166,28 @@ class StaticMixture:
                 raise IndexError(g)
         live = [g for g in gs if self._num_chunks is None or g < self._num_chunks]
         per_source = [self._positions_many(s, live) for s in range(len(self.sources))] if live else []
-        by_g: dict[int, Chunk] = {}
+        unmixed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for j, g in enumerate(live):
             srcs, docs = [], []
             for s in range(len(self.sources)):
                 d = per_source[s][j]
                 srcs.append(np.full(len(d), s, dtype=np.int64))
                 docs.append(d)
-            src = np.concatenate(srcs)
-            doc = np.concatenate(docs)
-            if self.shuffle and len(src) > 1:
-                order = _permutation(len(src), derive_key("interleave", self.seed, g)).take(np.arange(len(src)))
-                src, doc = src[order], doc[order]
-            by_g[g] = Chunk(g, src, doc)
+            unmixed[g] = (np.concatenate(srcs), np.concatenate(docs))
+        by_g: dict[int, Chunk] = {}
+        # Interleave: chunks of the same size share one batched permutation pass.
+        by_size: dict[int, list[int]] = {}
+        for g, (src, _) in unmixed.items():
+            by_size.setdefault(len(src), []).append(g)
+        for size, group in by_size.items():
+            if not self.shuffle or size < 2:
+                orders = [None] * len(group)
+            else:
+                keys = [derive_key("interleave", self.seed, g) for g in group]
+                orders = list(permute_rows(size, keys, np.broadcast_to(np.arange(size), (len(group), size))))
+            for g, order in zip(group, orders):
+                src, doc = unmixed[g]
+                by_g[g] = Chunk(g, src, doc) if order is None else Chunk(g, src[order], doc[order])
         return [by_g.get(g) for g in gs]
 
     def definition(self) -> dict[str, Any]:

@@ -75,6 +75,20 @@ def test_reader_agrees_with_megatron(datasets, dtype):
     assert ours.name == prefix.rsplit("/", 1)[-1]
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_read_flat_is_read_end_to_end(datasets, dtype):
+    """The packer's one-gather path returns exactly the documents ``read`` returns (repeats, empties, any order)."""
+    prefix, docs = datasets[dtype]
+    ours = MegatronIndexedSource(prefix)
+    rng = np.random.default_rng(2)
+    for order in ([3], [3, 3, 0], rng.integers(0, len(docs), 40).tolist(), []):
+        tokens, lengths = ours.read_flat(np.asarray(order, dtype=np.int64))
+        want = ours.read(order)
+        assert tokens.dtype == np.int64 and lengths.dtype == np.int64
+        assert lengths.tolist() == [len(w) for w in want]
+        assert np.array_equal(tokens, np.concatenate(want) if want else np.zeros(0, np.int64))
+
+
 def _copy(prefix, tmp_path, name="c"):
     dst = str(tmp_path / name)
     shutil.copy(prefix + ".idx", dst + ".idx")

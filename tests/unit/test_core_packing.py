@@ -180,7 +180,7 @@ def test_digest_covers_every_array():
         fields = dict(
             input_ids=base.input_ids.copy(), labels=base.labels.copy(), positions=base.positions.copy(),
             loss_mask=base.loss_mask.copy(), lane=base.lane, lane_index=base.lane_index,
-            cursor=base.cursor, provenance=base.provenance,
+            cursor=base.cursor, segments=base.segments,
         )
         fields.update(changes)
         return Batch(**fields)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_core.permutation import IndexPermutation, derive_key
+from zephon_core.permutation import IndexPermutation, derive_key, permute_rows
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 15, 16, 17, 64, 1000, 4097])
@@ -94,3 +94,19 @@ def test_golden_values_pin_checkpoint_compatibility():
     """Checkpoints replay data from these functions: they must never change between versions."""
     assert derive_key("golden", 1) == 2039803363940230706
     assert IndexPermutation(10, 12345).take(np.arange(10)).tolist() == [5, 1, 8, 7, 9, 4, 0, 6, 3, 2]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(n=st.integers(1, 700), keys=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=6), data=st.data())
+def test_permute_rows_equals_one_take_per_row(n, keys, data):
+    width = data.draw(st.integers(0, min(n, 40)))
+    rows = np.array([data.draw(st.lists(st.integers(0, n - 1), min_size=width, max_size=width)) for _ in keys], dtype=np.int64).reshape(len(keys), width)
+    expected = np.stack([IndexPermutation(n, k).take(r) for k, r in zip(keys, rows)]) if width else rows
+    out = permute_rows(n, keys, rows)
+    assert out.shape == rows.shape and out.dtype == np.int64
+    assert np.array_equal(out, expected)
+
+
+def test_permute_rows_refuses_out_of_range():
+    with pytest.raises(IndexError):
+        permute_rows(10, [1], np.array([[3, 10]]))

@@ -29,6 +29,27 @@ def test_defaults_single_process(ws):
     assert ident.lanes == [0]
 
 
+def test_prefetch_defaults_to_a_thread_only_with_per_document_operators(ws):
+    import threading
+
+    text = StaticMixture([MemorySource(text_docs(20))], chunk_size=4)
+    cases = [
+        (Pipeline(ws).pack(8).batch(2), 0),  # pretokenized: packed in the caller's thread
+        (Pipeline(ws).map(lambda d: d).pack(8).batch(2), 2),
+        (Pipeline(text).tokenize(CharTokenizer()).pack(8).batch(2), 2),
+        (Pipeline(ws).pack(8).batch(2).options(prefetch=3), 3),
+        (Pipeline(text).tokenize(CharTokenizer()).pack(8).batch(2).options(prefetch=0), 0),
+    ]
+    for p, want in cases:
+        assert p.prefetch == want
+        assert f"prefetch={want} batches" in p.explain()
+        before = set(threading.enumerate())
+        with p:
+            next(iter(p))
+            started = {t.name for t in set(threading.enumerate()) - before}
+            assert ("zephon-prefetch" in started) == (want > 0)
+
+
 def test_data_identity_defaults_to_coordination_identity(ws, tmp_path):
     p = Pipeline(ws).options(world_size=4, global_rank=3, aggregate_dir=str(tmp_path), run_id="r1")
     ident = p.identity

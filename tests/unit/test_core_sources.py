@@ -268,6 +268,17 @@ def test_token_array_reads_documents(tmp_path, dtype):
     assert src.fingerprint()["dtype"] == np.dtype(dtype).name
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.int64])
+def test_token_array_read_flat_is_read_end_to_end(tmp_path, dtype):
+    docs = _docs()
+    for src in (TokenArraySource(*_save_tokens(tmp_path, docs, dtype)), TokenArraySource(np.concatenate(docs).astype(dtype), np.cumsum([0] + [len(d) for d in docs]))):
+        for order in ([5], [0, 5, 5, 29], _random_order(30), []):
+            tokens, lengths = src.read_flat(np.asarray(order, dtype=np.int64))
+            want = src.read(order)
+            assert tokens.dtype == np.int64 and lengths.tolist() == [len(w) for w in want]
+            assert np.array_equal(tokens, np.concatenate(want) if want else np.zeros(0, np.int64))
+
+
 def test_token_array_in_memory_arrays():
     src = TokenArraySource(np.array([5, 6, 7, 8]), np.array([0, 1, 4]))
     assert [d.tolist() for d in src.read([1, 0])] == [[6, 7, 8], [5]]

@@ -21,7 +21,7 @@ def _batch(rows: list[list[int]], positions: list[list[int]], valid_labels: list
     lm = np.zeros((t.shape[0], L), dtype=bool)
     for r, n in enumerate(valid_labels):
         lm[r, :n] = True
-    return Batch(t[:, :-1], t[:, 1:], p[:, :-1], lm, lane=0, lane_index=0, cursor=Cursor.start(), provenance=((),) * len(rows))
+    return Batch(t[:, :-1], t[:, 1:], p[:, :-1], lm, lane=0, lane_index=0, cursor=Cursor.start(), segments=np.zeros((0, 5), dtype=np.int64))
 
 
 # Row 0: doc A (3 tokens incl. EOD) | doc B (4 tokens incl. EOD) | doc C starts; no padding.

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import fsspec
+import numpy as np
 
 from zephon_core.errors import DataError
 
@@ -23,6 +24,11 @@ class Source(ABC):
     A document is either text (``str``), a JSON record (``dict``) or a 1-D
     integer token array, depending on the format. Implementations must be
     safe to ``read`` from several threads at once.
+
+    A pretokenized source may also define ``read_flat(indices)`` returning
+    the documents end to end as one int64 array and their lengths; pipelines
+    without per-document operators then pack from it without building one
+    array per document.
     """
 
     #: Short, human-readable name; defaults to the file's base name.
@@ -83,3 +89,15 @@ def content_fingerprint(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, A
 
 def default_name(path: str) -> str:
     return os.path.basename(path.rstrip("/")) or path
+
+
+def gather_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Indices of ``starts[j] .. starts[j] + lengths[j] - 1`` for every ``j``, end to end."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    idx = np.arange(total, dtype=np.int64)
+    idx += np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths)
+    return idx

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs
+from zephon_core.sources.base import Source, content_fingerprint, default_name, gather_index, is_local, open_fs
 
 
 def _local_path(path: str) -> str:
@@ -35,6 +35,23 @@ def _check_offsets(offsets: np.ndarray, n_tokens: int, where: str) -> None:
         raise DataError(f"{where}: document offsets decrease at entry {bad + 1}")
 
 
+def _plain(a: np.ndarray) -> np.ndarray:
+    """The same memory as a base ``ndarray``: fancy indexing a ``np.memmap`` subclass is several times slower."""
+    return np.frombuffer(a, a.dtype) if isinstance(a, np.memmap) and a.flags.c_contiguous else np.asarray(a)
+
+
+def _concat(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``flat[starts[j]:starts[j] + lengths[j]]`` for every ``j``, end to end, as int64.
+
+    One slice per document beats a fancy-index gather here: documents are
+    hundreds of tokens long, and the gather would need three passes to build
+    its index.
+    """
+    if not len(starts):
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([flat[a : a + n] for a, n in zip(starts.tolist(), lengths.tolist())], dtype=np.int64)
+
+
 class TokenArraySource(Source):
     """Documents as slices of one token array.
 
@@ -52,6 +69,7 @@ class TokenArraySource(Source):
             raise DataError(f"{where}: tokens must be a 1-D integer array, got {self._tokens.dtype} with shape {self._tokens.shape}")
         _check_offsets(raw_offsets, len(self._tokens), offsets if isinstance(offsets, str) else f"{self.name} offsets")
         self._offsets = raw_offsets.astype(np.int64)
+        self._flat = _plain(self._tokens)
         self._paths = (tokens, offsets) if isinstance(tokens, str) and isinstance(offsets, str) else None
         self._require_nonempty(where)
         self._fingerprint = self._compute_fingerprint()
@@ -71,6 +89,13 @@ class TokenArraySource(Source):
     def read(self, indices: Sequence[int]) -> list[Any]:
         o = self._offsets
         return [np.asarray(self._tokens[o[i] : o[i + 1]], dtype=np.int64) for i in indices]
+
+    def read_flat(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The documents at ``indices`` end to end (int64) and their lengths, without one array per document."""
+        indices = np.asarray(indices, dtype=np.int64)
+        starts = self._offsets[indices]
+        lengths = self._offsets[indices + 1] - starts
+        return _concat(self._flat, starts, lengths), lengths
 
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
@@ -156,9 +181,25 @@ class MegatronIndexedSource(Source):
                 "the .bin and .idx do not belong together (or the index has the wrong field dtype)"
             )
         self._bin = np.memmap(self._bin_path, mode="r", dtype=np.uint8) if bin_size else np.zeros(0, np.uint8)
+        self._flat = np.frombuffer(self._bin, self._dtype) if bin_size else np.zeros(0, self._dtype)
 
     def __len__(self) -> int:
         return len(self._doc_index) - 1
+
+    def read_flat(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The documents at ``indices`` end to end (int64) and their lengths, without one array per document."""
+        indices = np.asarray(indices, dtype=np.int64)
+        first = self._doc_index[indices]
+        counts = self._doc_index[indices + 1] - first
+        seqs = gather_index(first, counts)
+        seq_lengths = self._lengths[seqs].astype(np.int64)
+        # A document spans its sequences (none: length 0).
+        cum = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(seq_lengths, out=cum[1:])
+        first_seq = np.cumsum(counts) - counts
+        lengths = cum[first_seq + counts] - cum[first_seq]
+        starts = self._pointers[seqs] // self._dtype.itemsize
+        return _concat(self._flat, starts, seq_lengths), lengths
 
     def read(self, indices: Sequence[int]) -> list[Any]:
         out = []
