@@ -7,6 +7,7 @@ import os
 import queue
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
@@ -334,6 +335,22 @@ class Pipeline:
         self._restored = {lane: lanes[lane] for lane in ident.lanes}
 
 
+# Engines whose prefetch thread may still run. The thread is not a daemon: a daemon
+# thread inside a native call (a tokenizer) when the interpreter finalizes is killed
+# mid-call and aborts the process. At exit, before joining non-daemon threads, Python
+# runs the hooks registered here (as concurrent.futures does): each engine is told to
+# stop, and its thread ends after the batch it is producing.
+_LIVE_ENGINES: weakref.WeakSet[_Engine] = weakref.WeakSet()
+
+
+def _stop_engines_at_exit() -> None:
+    for engine in list(_LIVE_ENGINES):
+        engine._stop.set()
+
+
+threading._register_atexit(_stop_engines_at_exit)  # type: ignore[attr-defined]
+
+
 class _Engine:
     """Produces the group's batches (in a prefetch thread) and tracks delivery."""
 
@@ -366,7 +383,8 @@ class _Engine:
             self._slots: queue.SimpleQueue[None] = queue.SimpleQueue()
             for _ in range(prefetch):
                 self._slots.put(None)
-            self._thread = threading.Thread(target=self._pump, name="zephon-prefetch", daemon=True)
+            self._thread = threading.Thread(target=self._pump, name="zephon-prefetch")
+            _LIVE_ENGINES.add(self)
             self._thread.start()
 
     def _produce(self) -> Iterator[Batch]:

@@ -331,3 +331,27 @@ def test_next_after_close_ends_instead_of_hanging(prefetch):
     t.join(3)
     assert not t.is_alive(), "next() on a closed pipeline blocks forever"
     assert outcome and outcome[0] != "no end"
+
+
+def test_a_process_that_exits_without_close_exits_cleanly():
+    """The prefetch thread may be inside the tokenizer (native code) at exit; it must be
+    stopped before the interpreter finalizes, not killed mid-call (which aborts the process)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "from tokenizers import Tokenizer\n"
+        "from zephon_core import JsonlSource, Pipeline, StaticMixture\n"
+        "work = StaticMixture([JsonlSource('configs/corpus/stdlib_docs.jsonl')], seed=1, chunk_size=16)\n"
+        "tok = Tokenizer.from_file('configs/corpus/tokenizer.json')\n"
+        "p = Pipeline(work).tokenize(tok, eos_id=1).pack(seq_len=128).shuffle(window=8).batch(2)\n"
+        "p = p.options(canonical_replicas=8, dp_degree=4, dp_group_id=1)\n"
+        "next(iter(p))\n"  # exits while the prefetch thread tokenizes the next slices and chunks
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    for _ in range(10):  # the abort needed an unlucky moment: about every second run before the fix
+        r = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
