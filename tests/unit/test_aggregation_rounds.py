@@ -82,3 +82,44 @@ def test_rounds_through_a_loopback_s3_server(s3_endpoint):
         assert all(v["delivered"] == k for v in states[0]["lanes"].values())
     left = sorted(p.rsplit("/", 1)[-1] for p in s3_endpoint.filesystem().ls(s3_endpoint.url("agg-unit", "run"), detail=False))
     assert [n for n in left if n.startswith("state-")] == [] and len([n for n in left if n.startswith("merged-")]) == 1, left
+
+
+def test_a_follower_joins_the_announced_round_at_once(tmp_path):
+    """After a round, a follower knows the next round's token (from the merged file): it writes its
+    state before reading round.json, even before the leader has opened the round."""
+    agg = str(tmp_path)
+    pipelines = [make(r, agg) for r in range(2)]
+    assert all(isinstance(s, dict) for s in checkpoint_all(pipelines, batches=1))
+    d = pipelines[1]._aggregator.dir
+    calls: list = []
+    for name in ("read", "write"):
+        real = getattr(d, name)
+        setattr(d, name, lambda n, *a, _real=real, _name=name: (calls.append((_name, n)), _real(n, *a))[1])
+    it = iter(pipelines[0])
+    next(it)
+    leader_out: list = []
+    leader = threading.Thread(target=lambda: (time.sleep(0.5), leader_out.append(pipelines[0].checkpoint())))
+    leader.start()  # late: the follower must not wait for its round.json
+    states = checkpoint_all(pipelines[1:], batches=1)
+    leader.join(60)
+    assert isinstance(states[0], dict) and leader_out and leader_out[0] == states[0], (states, leader_out)
+    token = pipelines[0]._aggregator.last_token
+    assert calls[0] == ("write", f"state-{token}-00001.json"), calls
+    assert ("read", "round.json") not in calls[:2], calls
+
+
+def test_a_failed_rounds_token_is_never_reused(tmp_path):
+    """The leader's round fails (the follower is late); the follower then writes for the token it was
+    announced, the leader opens a fresh round, and the follower moves to it."""
+    agg = str(tmp_path)
+    pipelines = [make(0, agg, timeout=1.0), make(1, agg)]
+    assert all(isinstance(s, dict) for s in checkpoint_all(pipelines, batches=1))
+    announced = pipelines[1]._aggregator.next_token
+    assert announced and announced == pipelines[0]._aggregator.next_token
+    next(iter(pipelines[0]))
+    with pytest.raises(AggregationError, match=r"global rank\(s\) \[1\]"):
+        pipelines[0].checkpoint()
+    states = checkpoint_all(pipelines, batches=1)
+    assert all(isinstance(s, dict) for s in states) and states[0] == states[1], states
+    assert pipelines[0]._aggregator.last_token not in (None, announced)
+    assert sorted(v["delivered"] for v in states[0]["lanes"].values()) == [2, 3]  # rank 0 took one more batch
