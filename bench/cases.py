@@ -321,6 +321,54 @@ def generator(a: dict) -> Iterator[dict]:
         epoch += 1
 
 
+def tokenizer_alone(a: dict) -> Iterator[dict]:
+    """What bounds any loader that tokenizes on one thread: only ``encode_batch_fast``
+    on texts already in memory (64 per call, the generator's order), no packing. Its
+    "batches" are counts of tokens, one per batch's worth."""
+    import numpy as np
+
+    docs = JsonlDocs(a["jsonl"])
+    texts = [docs.text(int(i)) for i in doc_order(len(docs), a["seed"], 0)]
+    tok = load_tokenizer(a["tokenizer"])
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    need = (a["seq_len"] + 1) * a["batch"]
+    shape = np.empty((a["batch"], a["seq_len"]), dtype=np.int64)
+    have = 0
+    while True:
+        for c in range(0, len(texts), 64):
+            have += sum(len(e.ids) + 1 for e in encode(texts[c : c + 64], add_special_tokens=False))
+            while have >= need:
+                have -= need
+                yield {"input_ids": shape}
+
+
+def numpy_shuffled_copy(a: dict) -> Iterator[dict]:
+    """The floor for pretokenized data in a shuffled document order: per batch, copy the
+    documents of a fixed permutation one slice each into [B, L+1] rows (no positions,
+    masks, cursors or provenance)."""
+    import numpy as np
+
+    tokens = np.asarray(np.load(a["tokens"], mmap_mode="r"))
+    offsets = np.load(a["offsets"])
+    order = doc_order(len(offsets) - 1, a["seed"], 0)
+    starts, ends = offsets[order].tolist(), offsets[order + 1].tolist()
+    L, B = a["seq_len"] + 1, a["batch"]
+    need = L * B
+    pend: list = []
+    have = j = 0
+    while True:
+        while have < need:
+            if j == len(starts):
+                j = 0
+            pend.append(tokens[starts[j] : ends[j]])
+            have += ends[j] - starts[j]
+            j += 1
+        flat = np.concatenate(pend, dtype=np.int64)
+        rows = flat[:need].reshape(B, L)
+        pend, have = [flat[need:]], have - need
+        yield {"input_ids": rows[:, :-1], "labels": rows[:, 1:]}
+
+
 def numpy_copy(a: dict) -> Iterator[dict]:
     """The raw floor for pretokenized data: copy consecutive [B, L+1] windows out of the memory-mapped tokens."""
     import numpy as np
@@ -393,6 +441,10 @@ def case_throughput(a: dict) -> None:
         res = run_throughput(lambda: generator(a), _dict_tokens, a)
     elif loader == "numpy_copy":
         res = run_throughput(lambda: numpy_copy(a), _dict_tokens, a)
+    elif loader == "numpy_shuffled_copy":
+        res = run_throughput(lambda: numpy_shuffled_copy(a), _dict_tokens, a)
+    elif loader == "tokenizer_alone":
+        res = run_throughput(lambda: tokenizer_alone(a), _dict_tokens, a)
     else:
         raise SystemExit(f"unknown loader {loader}")
     finish(res, base)
@@ -597,8 +649,60 @@ def _store_latency(base: str, so: dict, n: int = 15) -> dict:
     return {op: statistics.median(v) * 1e3 for op, v in ts.items()}
 
 
+class _S3rver:
+    """s3rver (npm; bench/run.sh installs it) on 127.0.0.1:<kernel-chosen port>, objects under ``data_dir``.
+
+    A real S3-compatible server (node, its own process), so the P4 numbers on it measure
+    the loader's store calls rather than moto's Python CPU cost. Its only credentials are
+    S3RVER / S3RVER; paths are bucket/key (no virtual-host buckets on 127.0.0.1).
+    """
+
+    KEY = SECRET = "S3RVER"
+
+    def __init__(self, script: str, data_dir: str, bucket: str, start_timeout: float = 60.0) -> None:
+        import re
+        import subprocess
+
+        os.makedirs(data_dir, exist_ok=True)
+        self.bucket = bucket
+        self.log = data_dir.rstrip("/") + "-s3rver.log"  # beside its folder (whose entries are buckets)
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                ["node", script, "--directory", data_dir, "--address", "127.0.0.1", "--port", "0", "--silent", "--configure-bucket", bucket],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )
+        # "S3rver listening on 127.0.0.1:<port>" (printed even with --silent)
+        deadline = perf() + start_timeout
+        while not (m := re.search(rb"listening on (\S+)\n", open(self.log, "rb").read())) and self.proc.poll() is None and perf() < deadline:
+            time.sleep(0.05)
+        if not m:
+            self.stop()
+            raise RuntimeError(f"s3rver did not report its address: {open(self.log, 'rb').read()[-500:]!r}")
+        self.endpoint_url = "http://" + m.group(1).decode()
+
+    @property
+    def storage_options(self) -> dict:
+        return {"key": self.KEY, "secret": self.SECRET, "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"}}
+
+    def url(self, *parts: str) -> str:
+        return "/".join([f"s3://{self.bucket}", *parts])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+
+
 def case_aggregate(a: dict) -> None:
-    """Aggregation latency with one real (forked) process per rank, for several world sizes."""
+    """Aggregation latency with one real (forked) process per rank, for several world sizes.
+
+    ``backend``: ``local`` (a folder, ``local_dir``), ``s3`` (moto's server, the tests' one)
+    or ``s3rver`` (the node server at ``s3rver``, objects under ``local_dir``).
+    """
     import multiprocessing as mp
     import statistics
     import uuid
@@ -620,6 +724,12 @@ def case_aggregate(a: dict) -> None:
         ep = server.start()
         so = ep.storage_options
         base = ep.url("aggregate")
+    elif backend == "s3rver":
+        import s3fs  # noqa: F401
+
+        server = _S3rver(a["s3rver"], a["local_dir"], bucket="zephon-bench")
+        so = server.storage_options
+        base = server.url("aggregate")
     else:
         base = a["local_dir"]
         os.makedirs(base, exist_ok=True)

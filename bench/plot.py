@@ -120,18 +120,19 @@ def p3(R: dict, out: Path) -> str:
 
 def p4(R: dict, out: Path) -> str:
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    colours = {"local": ZC, "s3": "#2c3e50"}
+    colours = {"local": ZC, "s3": "#2c3e50", "s3rver": "#8e44ad"}
+    labels = {"local": "local", "s3": "s3 (moto)", "s3rver": "s3 (s3rver)"}
     B = R.get("baseline") or {}
-    for backend, style in (("local", "-o"), ("s3", "-s")):
+    for backend, style in (("local", "-o"), ("s3", "-s"), ("s3rver", "-^")):
         pr = R["P4"].get(backend, {}).get("per_ranks", {})
         ns = sorted((int(n) for n, x in pr.items() if "warm_ms" in x))
         if ns:
-            ax.plot(ns, [pr[str(n)]["warm_ms"] for n in ns], style, label=f"{backend} (warm)", color=colours[backend])
-            ax.plot(ns, [pr[str(n)]["first_round_ms"] for n in ns], style, alpha=0.35, label=f"{backend} (first round)", color=colours[backend])
+            ax.plot(ns, [pr[str(n)]["warm_ms"] for n in ns], style, label=f"{labels[backend]} (warm)", color=colours[backend])
+            ax.plot(ns, [pr[str(n)]["first_round_ms"] for n in ns], style, alpha=0.35, label=f"{labels[backend]} (first round)", color=colours[backend])
         pb = B.get("P4", {}).get(backend, {}).get("per_ranks", {})
         nb = sorted((int(n) for n, x in pb.items() if "warm_ms" in x))
         if nb:
-            ax.plot(nb, [pb[str(n)]["warm_ms"] for n in nb], ":" + style[-1], mfc="none", label=f"{backend} (warm, before {B['commit']})", color=colours[backend])
+            ax.plot(nb, [pb[str(n)]["warm_ms"] for n in nb], ":" + style[-1], mfc="none", label=f"{labels[backend]} (warm, before {B['commit']})", color=colours[backend])
     ax.plot([8], [150], "v", color="#c0392b", label="goals (8: 150 ms, 64: 1.5 s)")
     ax.plot([64], [1500], "v", color="#c0392b")
     ax.set_xscale("log", base=2)

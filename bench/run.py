@@ -56,6 +56,9 @@ GOALS = {
 
 LOG = None
 OPS = ("names", "read", "read_many", "write", "remove", "sleep")
+# P4 backends: results.json key -> label. "s3" is moto's server (the tests' one; a single Python
+# process, so its CPU cost is in the numbers), "s3rver" a node S3 server (bench/run.sh installs it).
+P4_BACKENDS = {"local": "local", "s3": "s3 (moto)", "s3rver": "s3 (s3rver)"}
 
 
 def log(msg: str) -> None:
@@ -112,7 +115,7 @@ def med(xs: list[float]) -> float | None:
 # Execution options never change the data (Pipeline.options): the same batches, provenance and
 # cursors, across a restore, must come out of every configuration below.
 DETERMINISM_CONFIGS = {
-    "default (prefetch 2, readahead 1, reader_threads 1)": {},
+    "default (prefetch 2 with tokenize, else 0; readahead 1, reader_threads 1)": {},
     "sync (prefetch 0, readahead 0, reader_threads 0)": {"prefetch": 0, "readahead": 0, "reader_threads": 0},
     "more threads (prefetch 4, readahead 3, reader_threads 2)": {"prefetch": 4, "readahead": 3, "reader_threads": 2},
 }
@@ -222,6 +225,7 @@ def p1_cases(base: dict, q: bool) -> list[tuple[str, str, dict]]:
         ("torchdata nw=2", "project", {**t, "loader": "torchdata", "num_workers": 2}),
         ("grain", "peers", {**t, "loader": "grain"}),
         ("generator", "project", {**t, "loader": "generator"}),
+        ("tokenizer alone (texts in memory)", "project", {**t, "loader": "tokenizer_alone"}),
     ]
 
 
@@ -229,6 +233,7 @@ def p2_cases(base: dict, q: bool) -> list[tuple[str, str, dict]]:
     t = {**base, "min_s": 1.0 if q else 2.0, "min_batches": 30 if q else 60, "warmup": 10}
     return [
         ("NumPy copy", "project", {**t, "loader": "numpy_copy"}),
+        ("NumPy shuffled-document copy", "project", {**t, "loader": "numpy_shuffled_copy"}),
         ("zephon_core TokenArraySource", "project", {**t, "loader": "zephon_core_npy"}),
         ("zephon_core MegatronIndexedSource", "project", {**t, "loader": "zephon_core_megatron"}),
     ]
@@ -281,21 +286,25 @@ def stage_p3(r: Runner, base: dict, q: bool) -> dict:
     return out
 
 
-def stage_p4(r: Runner, q: bool) -> dict:
+def stage_p4(r: Runner, q: bool, s3rver: str | None) -> dict:
     ranks = [2, 8] if q else [2, 8, 32, 64]
     out = {}
-    for name in ("local", "s3"):
-        local_dir = WORK / "aggregate"
+    for name in P4_BACKENDS:
+        if name == "s3rver" and not s3rver:
+            log("  P4 s3rver: not installed (bench/run.sh installs it with npm; needs node), skipped")
+            out[name] = {"error": "s3rver not installed (needs node and npm)"}
+            continue
+        local_dir = WORK / "aggregate"  # the folder, or s3rver's object store
         if local_dir.exists():
             shutil.rmtree(local_dir)
-        args = {"backend": name, "ranks": ranks, "rounds": 2 if q else 3, "local_dir": str(local_dir)}
+        args = {"backend": name, "ranks": ranks, "rounds": 2 if q else 3, "local_dir": str(local_dir), "s3rver": s3rver}
         res = r.case("project", "aggregate", args, timeout=480, label=f"P4 {name}")
         out[name] = res
         for n, x in res.get("per_ranks", {}).items():
             if x.get("errors"):
                 log(f"  P4 {name} ranks={n}: ERRORS {x['errors'][:2]}")
             else:
-                log(f"  P4 {name:14s} ranks={n:>2s}: warm {x['warm_ms']:8.1f} ms  first {x['first_round_ms']:8.1f} ms  (spawn+rounds {x['spawn_s']:.1f}s)")
+                log(f"  P4 {P4_BACKENDS[name]:14s} ranks={n:>2s}: warm {x['warm_ms']:8.1f} ms  first {x['first_round_ms']:8.1f} ms  (spawn+rounds {x['spawn_s']:.1f}s)")
     return out
 
 
@@ -459,14 +468,14 @@ def verdicts(R: dict) -> list[dict]:
             f"{x['early_ms']:.1f} / {x['late_ms']:.1f} ms")
         v = x["late_over_early"]
         add("P3 zephon_core late/early", "<= 1.5", v, v <= GOALS["P3_late_over_early"], f"{v:.2f}")
-    for backend in ("local", "s3"):
+    for backend, label in P4_BACKENDS.items():  # one verdict per server: moto's numbers include its own CPU cost
         pr = p4.get(backend, {}).get("per_ranks", {})
         for n, key, lim in (("8", "P4_8_ranks_ms", "<= 150 ms"), ("64", "P4_64_ranks_ms", "<= 1.5 s")):
             y = pr.get(n)
             if y and "warm_ms" in y:
-                add(f"P4 aggregation {n} ranks, {backend} (warm median)", lim, y["warm_ms"], y["warm_ms"] <= GOALS[key], f"{y['warm_ms']:.0f} ms")
-            elif y:
-                add(f"P4 aggregation {n} ranks, {backend}", lim, None, False, "error")
+                add(f"P4 aggregation {n} ranks, {label} (warm median)", lim, y["warm_ms"], y["warm_ms"] <= GOALS[key], f"{y['warm_ms']:.0f} ms")
+            elif y or p4.get(backend, {}).get("error"):
+                add(f"P4 aggregation {n} ranks, {label}", lim, None, False, "error" if y else p4[backend]["error"])
     p5 = R.get("P5", {})
     if "marginal_bytes_per_lane" in p5:
         v = p5["marginal_bytes_per_lane"]
@@ -542,19 +551,21 @@ def markdown(R: dict) -> str:
         p2 = R["P2"]
         npc = p2.get("NumPy copy", {})
         L.append("## P2 pretokenized pack + batch (median of rounds)\n")
-        L.append("| source | batches/s | M tokens/s | M tokens per CPU-s | / NumPy copy (wall) | / NumPy copy (per CPU-s) | peak RSS beyond MB |"
+        shuf = p2.get("NumPy shuffled-document copy", {})
+        L.append("| source | batches/s | M tokens/s | M tokens per CPU-s | / NumPy copy (wall) | / NumPy copy (per CPU-s) | / shuffled-document copy (wall) | peak RSS beyond MB |"
                  + (f" before ({bc}): M tokens/s, per CPU-s |" if B else ""))
-        L.append("|---|---|---|---|---|---|---|" + ("---|" if B else ""))
+        L.append("|---|---|---|---|---|---|---|---|" + ("---|" if B else ""))
         for name, x in p2.items():
             if "error" in x:
-                L.append(f"| {name} | error: {x['error']} ||||||" + ("|" if B else ""))
+                L.append(f"| {name} | error: {x['error']} |||||||" + ("|" if B else ""))
                 continue
             r1 = x["tokens_per_s"] / npc["tokens_per_s"] if npc.get("tokens_per_s") else None
             r2 = x["tokens_per_cpu_s"] / npc["tokens_per_cpu_s"] if npc.get("tokens_per_cpu_s") else None
             b = B.get("P2", {}).get(name, {})
             col = (f" {b['tokens_per_s'] / 1e6:.2f}, {b['tokens_per_cpu_s'] / 1e6:.2f} |" if "tokens_per_s" in b and name.startswith("zephon_core") else " - |") if B else ""
+            r3 = x["tokens_per_s"] / shuf["tokens_per_s"] if shuf.get("tokens_per_s") else None
             L.append(f"| {name} | {x['batches_per_s']:.0f} | {x['tokens_per_s'] / 1e6:.2f} | {x['tokens_per_cpu_s'] / 1e6:.2f} | {fmt(r1, '.4f')} | {fmt(r2, '.4f')} | "
-                     f"{x['rss_beyond_mb']:.1f} |{col}")
+                     f"{fmt(r3, '.3f')} | {x['rss_beyond_mb']:.1f} |{col}")
         L.append("")
     if "P3" in R:
         L.append("## P3 restore -> first batch (median over 5 checkpoints at consecutive batches around each position x reps; loader already built, its build time beside)\n")
@@ -570,30 +581,36 @@ def markdown(R: dict) -> str:
             L.append(f"| {name} (at batch {x['early_batches']} / {x['late_batches']}) | {x['early_ms']:.1f} ({x['early_p90_ms']:.0f}) | {x['late_ms']:.1f} ({x['late_p90_ms']:.0f}) | {x['late_over_early']:.2f} | "
                      f"{x['state_bytes_late']} | {x['build_ms']:.0f} | {x['reach_s']:.1f} |{col}")
         L.append("")
+        ceiling = R.get("P1", {}).get("tokenizer alone (texts in memory)", {}).get("tokens_per_s")
+        if ceiling:
+            need = (R["seq_len"] + 1) * R["batch"]
+            L.append(f"Floor for a text pipeline: tokenizing one batch's {need} tokens at the tokenizer-alone rate of P1 "
+                     f"({ceiling / 1e3:.0f} k tokens/s) takes {need / ceiling * 1e3:.1f} ms, before any reading or packing.\n")
     if "P4" in R:
         L.append("## P4 checkpoint aggregation (one forked process per rank; latency = last rank done - first rank started)\n")
-        L.append("| ranks | local warm ms | local first round ms | s3 (moto) warm ms | s3 first round ms |"
-                 + (f" before ({bc}): local warm ms | before: s3 warm ms |" if B else ""))
-        L.append("|---|---|---|---|---|" + ("---|---|" if B else ""))
-        loc = R["P4"].get("local", {}).get("per_ranks", {})
-        s3 = R["P4"].get("s3", {}).get("per_ranks", {})
-        bl = B.get("P4", {}).get("local", {}).get("per_ranks", {})
-        bs = B.get("P4", {}).get("s3", {}).get("per_ranks", {})
-        for n in sorted(set(loc) | set(s3), key=int):
-            a, b = loc.get(n, {}), s3.get(n, {})
-            col = f" {fmt(bl.get(n, {}).get('warm_ms'), '.0f')} | {fmt(bs.get(n, {}).get('warm_ms'), '.0f')} |" if B else ""
-            L.append(f"| {n} | {fmt(a.get('warm_ms'), '.0f')} | {fmt(a.get('first_round_ms'), '.0f')} | {fmt(b.get('warm_ms'), '.0f')} | "
-                     f"{fmt(b.get('first_round_ms'), '.0f')} |{col}")
+        per = {b: R["P4"].get(b, {}).get("per_ranks", {}) for b in P4_BACKENDS}
+        before = {b: B.get("P4", {}).get(b, {}).get("per_ranks", {}) for b in P4_BACKENDS}
+        shown_before = [b for b in P4_BACKENDS if before[b]]
+        L.append("| ranks | " + " | ".join(f"{P4_BACKENDS[b]} warm ms | {P4_BACKENDS[b]} first round ms" for b in P4_BACKENDS) + " |"
+                 + "".join(f" before ({bc}): {P4_BACKENDS[b]} warm ms |" for b in shown_before))
+        L.append("|---|" + "---|---|" * len(P4_BACKENDS) + "---|" * len(shown_before))
+        for n in sorted(set().union(*per.values()), key=int):
+            L.append(f"| {n} | " + " | ".join(f"{fmt(per[b].get(n, {}).get('warm_ms'), '.0f')} | {fmt(per[b].get(n, {}).get('first_round_ms'), '.0f')}"
+                                               for b in P4_BACKENDS) + " |"
+                     + "".join(f" {fmt(before[b].get(n, {}).get('warm_ms'), '.0f')} |" for b in shown_before))
         L.append("")
-        for backend in ("local", "s3"):
+        for backend, label in P4_BACKENDS.items():
             sl = R["P4"].get(backend, {}).get("store_latency_ms")
             if sl:
-                L.append(f"Single store call latency, {backend} (median, measured after the runs): " + ", ".join(f"{k} {v:.1f} ms" for k, v in sl.items()) + ".  ")
+                L.append(f"Single store call latency, {label} (median, measured after the runs): " + ", ".join(f"{k} {v:.1f} ms" for k, v in sl.items()) + ".  ")
+            elif R["P4"].get(backend, {}).get("error"):
+                L.append(f"{label}: {R['P4'][backend]['error']}.  ")
         L.append("")
         L.append("Where a warm round's time goes (store calls and sleeps between polls; calls / ms per round; followers averaged):\n")
         L.append("| backend | ranks | role | " + " | ".join(OPS) + " |")
         L.append("|---|---|---|" + "---|" * len(OPS))
-        sets = [(b, R["P4"].get(b, {})) for b in ("local", "s3")] + ([(f"s3 before ({bc})", B["P4"].get("s3", {}))] if B.get("P4") else [])
+        sets = [(label, R["P4"].get(b, {})) for b, label in P4_BACKENDS.items()] + [
+            (f"{P4_BACKENDS[b]} before ({bc})", B["P4"][b]) for b in ("s3", "s3rver") if B.get("P4", {}).get(b)]
         for label, data in sets:
             for n, x in data.get("per_ranks", {}).items():
                 for role in ("leader", "follower_mean"):
@@ -640,6 +657,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: one round, short windows, 2 and 8 ranks")
     ap.add_argument("--only", default="P1,P2,P3,P4,P5,profile")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--s3rver", default=None, help="s3rver's bin/s3rver.js (bench/run.sh installs it): P4's second loopback S3 server")
     ap.add_argument("--docs", type=int, default=20000)
     ap.add_argument("--baseline", default=str(BASELINE.relative_to(ROOT)),
                     help="an earlier results.json for the 'before' columns (default: %(default)s, if present; 'none' for no baseline)")
@@ -668,7 +686,7 @@ def main() -> int:
     r = Runner(args.project_python, args.peers_python)
 
     log("machine and versions")
-    user_args = [a for a in sys.argv[1:] if not a.startswith(("--project-python", "--peers-python")) and a not in (args.project_python, args.peers_python)]
+    user_args = [a for a in sys.argv[1:] if not a.startswith(("--project-python", "--peers-python", "--s3rver")) and a not in (args.project_python, args.peers_python, args.s3rver)]
     R: dict[str, Any] = {"command": " ".join(["bash bench/run.sh", *user_args]), "quick": q, "rounds": rounds,
                          "seq_len": SEQ_LEN, "batch": BATCH, "goals_targets": GOALS}
     R["machine"] = machine_info(r)
@@ -699,7 +717,7 @@ def main() -> int:
         R["P3"] = stage_p3(r, base, q)
     if "P4" in only:
         log("P4 aggregation latency")
-        R["P4"] = stage_p4(r, q)
+        R["P4"] = stage_p4(r, q, args.s3rver)
     if "P5" in only:
         log("P5 checkpoint bytes")
         R["P5"] = r.case("project", "state_bytes", {**base, "lanes": [1, 8, 64]}, timeout=300)

@@ -9,6 +9,9 @@
 #   project: scripts/env.sh (zephon_core's own venv: tokenizers, numpy, torch + torchdata, megatron-core, s3fs, moto, psutil)
 #   peers:   ~/.cache/zephon-env/peers-py312-<hash> from bench/requirements-peers.txt
 #            (zephon 0.2.0 from PyPI, grain, matplotlib, py-spy); never installed into the project venv.
+#   s3rver:  ~/.cache/zephon-env/s3rver-<hash> from bench/s3rver/package-lock.json (npm ci; needs node >= 16 and npm)
+#            plus bench/s3rver/atomic-put.patch: the P4 benchmark's second loopback S3-compatible server, beside moto;
+#            skipped (with a note) without node.
 # Results: bench/results/results.{json,md}, bench/results/profile_*.txt, plots in docs/img/perf_*.png.
 set -euo pipefail
 
@@ -30,23 +33,54 @@ find_python312() {
   return 1
 }
 
-py="$(find_python312)"
-key="$( { cat bench/requirements-peers.txt; "$py" -VV; } | sha256sum | cut -c1-16)"
-home="${ZEPHON_ENV_HOME:-$HOME/.cache/zephon-env}"
-peers="$home/peers-py312-$key"
-if [[ ! -f "$peers/.complete" ]]; then
-  mkdir -p "$home"
-  exec 9>"$home/.lock-peers-$key"
-  flock 9
-  if [[ ! -f "$peers/.complete" ]]; then
-    echo "bench: building the peers environment in $peers (first run only, ~3 min)" >&2
-    rm -rf "$peers"
-    "$py" -m venv "$peers"
-    "$peers/bin/python" -m pip install --quiet --upgrade pip
-    "$peers/bin/python" -m pip install --quiet -r bench/requirements-peers.txt
-    touch "$peers/.complete"
+# cached DIR WHAT BUILD: run "BUILD DIR" once for DIR (one builder at a time, under a lock beside it);
+# a build that fails is never marked complete. Fails when DIR is not complete afterwards.
+cached() {
+  local dir="$1" what="$2" build="$3"
+  if [[ ! -f "$dir/.complete" ]]; then
+    mkdir -p "$(dirname "$dir")"
+    exec 9>"$(dirname "$dir")/.lock-$(basename "$dir")"
+    flock 9
+    if [[ ! -f "$dir/.complete" ]]; then
+      echo "bench: building $what in $dir (first run only)" >&2
+      rm -rf "$dir"
+      mkdir -p "$dir"
+      if "$build" "$dir"; then touch "$dir/.complete"; else echo "bench: building $what failed" >&2; fi
+    fi
+    exec 9>&-
   fi
-  exec 9>&-
+  [[ -f "$dir/.complete" ]]
+}
+
+build_peers() {  # ~3 min
+  "$py" -m venv "$1" \
+    && "$1/bin/python" -m pip install --quiet --upgrade pip \
+    && "$1/bin/python" -m pip install --quiet -r bench/requirements-peers.txt
+}
+
+build_s3rver() {  # ~20 s; atomic-put.patch: a PUT replaces an object at once, as on S3 (s3rver writes in place)
+  cp bench/s3rver/package.json bench/s3rver/package-lock.json "$1/" \
+    && (cd "$1" && npm ci --no-audit --no-fund --loglevel=error >&2) \
+    && git -C "$1/node_modules/s3rver" apply -p1 "$root/bench/s3rver/atomic-put.patch"
+}
+
+py="$(find_python312)"
+home="${ZEPHON_ENV_HOME:-$HOME/.cache/zephon-env}"
+key="$( { cat bench/requirements-peers.txt; "$py" -VV; } | sha256sum | cut -c1-16)"
+peers="$home/peers-py312-$key"
+cached "$peers" "the peers environment" build_peers || exit 1
+
+# The P4 benchmark's loopback S3 server besides moto (a real one, not moto's Python): s3rver from npm.
+s3rver_args=()
+if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+  skey="$( { cat bench/s3rver/package-lock.json bench/s3rver/atomic-put.patch; node --version; } | sha256sum | cut -c1-16)"
+  if cached "$home/s3rver-$skey" "s3rver" build_s3rver; then
+    s3rver_args=(--s3rver "$home/s3rver-$skey/node_modules/s3rver/bin/s3rver.js")
+  else
+    echo "bench: P4 runs without s3rver" >&2
+  fi
+else
+  echo "bench: node/npm not found; P4 runs without s3rver" >&2
 fi
 
-exec "$ZEPHON_PY" bench/run.py --project-python "$ZEPHON_PY" --peers-python "$peers/bin/python" "$@"
+exec "$ZEPHON_PY" bench/run.py --project-python "$ZEPHON_PY" --peers-python "$peers/bin/python" "${s3rver_args[@]}" "$@"
