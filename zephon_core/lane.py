@@ -28,8 +28,9 @@ from zephon_core.pieces import Piece, load_piece, slice_bounds
 DESCRIPTOR_BATCH = 32
 FIRST_DESCRIPTOR_BATCH = 2
 
-# Without per-document operators a piece spans whole chunks up to this many documents,
-# so that cutting rows costs a few NumPy calls per many batches.
+# Without per-document operators, and from pretokenized sources, a piece after the first
+# spans whole chunks up to this many documents, so that cutting rows costs a few NumPy
+# calls per many batches.
 PIECE_DOCS = 512
 
 PieceKey = tuple[int, int, int, int]  # lane chunk, its first document, its end document, whole chunks after it
@@ -65,6 +66,7 @@ class LaneStream:
         self._descs_lock = threading.Lock()
         self._descs_batch = FIRST_DESCRIPTOR_BATCH
         self._first = (cursor.chunk, cursor.document)  # this chunk is read in slices, from this document on
+        self._flat = all(callable(getattr(s, "read_flat", None)) for s in work_source.sources)
         self._produced = delivered
         if shuffle is None and cursor.delivered_in_window:
             raise StateError(f"lane {lane}: cursor {tuple(cursor)} is inside a shuffle window, but this pipeline has no shuffle")
@@ -107,8 +109,10 @@ class LaneStream:
         if desc is None or i >= len(desc):
             return None
         if not self._runner.ops:
+            # The first chunk alone (a restore reads no more than it needs), then several
+            # chunks at once where sources hand over flat token arrays.
             extra, docs = 0, len(desc) - i
-            while docs < PIECE_DOCS:
+            while docs < PIECE_DOCS and k != self._first[0] and self._flat:
                 nxt = self._desc(k + extra + 1)
                 if nxt is None or docs + len(nxt) > PIECE_DOCS:
                     break

@@ -5,8 +5,9 @@ per-document operators, held as one flat token array with offsets. Lanes
 usually read whole chunks as one piece; the first chunk a lane reads after a
 (re)start is read in slices of ``SLICE_DOCS`` documents, so the first batch
 waits only for the documents it needs rather than for the whole chunk.
-Without per-document operators, reading is cheap and a piece spans several
-whole chunks instead (see ``lane.PIECE_DOCS``).
+Without per-document operators, a lane's first chunk is one piece, and later
+pieces from pretokenized sources (``read_flat``) span several whole chunks
+(see ``lane.PIECE_DOCS``): reading them is cheap, and rows are cut per piece.
 
 Filtered-out documents keep their slot as empty documents, so document
 numbers in cursors do not depend on the filter's output.

@@ -44,8 +44,6 @@ from property_strategies import (  # noqa: E402
     text_recipes,
 )
 from zephon_core import Pipeline  # noqa: E402
-from zephon_core.lane import PIECE_DOCS  # noqa: E402
-from zephon_core.ops import DocOp  # noqa: E402
 from zephon_core.simulate import Phase, StepRecord, first_mismatch, run_phase, run_schedule  # noqa: E402
 
 SOAK = os.environ.get("ZEPHON_SOAK", "") not in ("", "0")
@@ -254,9 +252,6 @@ def test_restore_cost_is_independent_of_position(recipe: Recipe, C: int, data: s
     rows = 2 * W + recipe.batch_size
     # Every document has >= 1 token, so a row touches at most seq_len + 2 documents.
     bound = (math.ceil(rows * (recipe.seq_len + 2) / cs) + 2) * cs
-    if not any(isinstance(op, DocOp) for op in recipe.pipeline(recipe.sources(CountingMemorySource))._ops):
-        # Pretokenized documents are read in pieces of whole chunks up to PIECE_DOCS documents.
-        bound += PIECE_DOCS
     # Late: far enough into the lane that replaying it from its start would read more than the bound.
     late_chunk = bound // cs + 1
     reads_early = _restore_reads(recipe, C, lane, _state_at(recipe, C, lane, batches=early))
