@@ -115,7 +115,7 @@ def med(xs: list[float]) -> float | None:
 # Execution options never change the data (Pipeline.options): the same batches, provenance and
 # cursors, across a restore, must come out of every configuration below.
 DETERMINISM_CONFIGS = {
-    "default (prefetch 2 with tokenize, else 0; readahead 1, reader_threads 1)": {},
+    "default (prefetch 0, readahead 1, reader_threads 1)": {},
     "sync (prefetch 0, readahead 0, reader_threads 0)": {"prefetch": 0, "readahead": 0, "reader_threads": 0},
     "more threads (prefetch 4, readahead 3, reader_threads 2)": {"prefetch": 4, "readahead": 3, "reader_threads": 2},
 }
@@ -218,6 +218,7 @@ def p1_cases(base: dict, q: bool) -> list[tuple[str, str, dict]]:
         ("zephon_core p=1", "project", {**t, "loader": "zephon_core", "parallelism": 1}),
         ("zephon_core p=2", "project", {**t, "loader": "zephon_core", "parallelism": 2}),
         ("zephon_core p=1 sync (prefetch=0, reader_threads=0)", "project", {**t, "loader": "zephon_core", "parallelism": 1, "options": {"prefetch": 0, "reader_threads": 0}}),
+        ("zephon_core p=1 prefetch=2 (the earlier default)", "project", {**t, "loader": "zephon_core", "parallelism": 1, "options": {"prefetch": 2}}),
         ("zephon 0.2.0 p=1", "peers", {**t, "loader": "zephon020", "parallelism": 1}),
         ("zephon 0.2.0 p=2", "peers", {**t, "loader": "zephon020", "parallelism": 2}),
         ("zephon 0.2.0 default", "peers", {**t, "loader": "zephon020", "parallelism": None}),

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 def worker_counts(pipeline: Pipeline) -> tuple[int, int]:
     """(threads, processes) this pipeline starts besides the caller's thread."""
     opts = pipeline._opts
-    threads = (1 if pipeline.prefetch > 0 else 0) + opts.reader_threads
+    threads = (1 if opts.prefetch > 0 else 0) + opts.reader_threads
     processes = 0
     for op in pipeline._ops:
         if isinstance(op, DocOp):
@@ -50,7 +50,7 @@ def render(pipeline: Pipeline, pipelines_per_node: int | None = None) -> str:
             how = "inline" if op.parallelism == 1 and op.runner == "thread" else f"{op.parallelism} {plural}"
             args += f"; {how}"
         lines.append(f"    {name}({args})")
-    lines.append(f"  queues:                prefetch={pipeline.prefetch} batches, readahead={opts.readahead} chunk(s) per lane, reader_threads={opts.reader_threads}")
+    lines.append(f"  queues:                prefetch={opts.prefetch} batches, readahead={opts.readahead} chunk(s) per lane, reader_threads={opts.reader_threads}")
     threads, processes = worker_counts(pipeline)
     lines.append(f"  this pipeline starts:  {threads} thread(s), {processes} process(es)")
     lines.append(

@@ -23,9 +23,6 @@ from zephon_core.ops import BatchOp, DocOp, FilterOp, MapOp, PackOp, ShuffleOp, 
 from zephon_core.state import LaneState, diff_definitions, fingerprint_of, make_state, parse_lanes, verify_checksum
 
 DEFAULT_AGGREGATE_TIMEOUT_S = 180.0
-# Batches a prefetch thread prepares ahead when the pipeline has per-document
-# operators. Without them a batch costs less than handing it between threads.
-DEFAULT_PREFETCH = 2
 
 
 @dataclass(frozen=True)
@@ -41,7 +38,7 @@ class Options:
     run_id: str | None = None
     aggregate_timeout_s: float = DEFAULT_AGGREGATE_TIMEOUT_S
     storage_options: Mapping[str, Any] | None = field(default=None, hash=False)
-    prefetch: int | None = None  # None: DEFAULT_PREFETCH with per-document operators, else 0
+    prefetch: int = 0
     readahead: int = 1
     reader_threads: int = 1
     pipelines_per_node: int | None = None
@@ -117,8 +114,7 @@ def resolve_identity(opts: Options, canonical_replicas: int | None = None) -> Id
         validate_run_id(opts.run_id)
     if not isinstance(opts.aggregate_timeout_s, (int, float)) or isinstance(opts.aggregate_timeout_s, bool) or not opts.aggregate_timeout_s > 0:
         raise ConfigError(f"option aggregate_timeout_s must be a positive number, got {opts.aggregate_timeout_s!r}")
-    if opts.prefetch is not None:
-        _check_int("prefetch", opts.prefetch, 0)
+    _check_int("prefetch", opts.prefetch, 0)
     _check_int("readahead", opts.readahead, 0)
     _check_int("reader_threads", opts.reader_threads, 0)
     if opts.pipelines_per_node is not None:
@@ -211,11 +207,11 @@ class Pipeline:
         ``global_rank``, ``aggregate_dir``, ``run_id``, ``aggregate_timeout_s``
         (default 180), ``storage_options`` (fsspec, for ``aggregate_dir``).
         Lanes: ``canonical_replicas`` (default: the initial ``dp_degree``).
-        Execution (never changes the data): ``prefetch`` batches prepared by a
-        background thread (default 2 when the pipeline has ``map``, ``filter``
-        or ``tokenize``, else 0: producing a pretokenized batch in the caller's
-        thread is cheaper than a hand-over), ``readahead`` pieces per lane,
-        ``reader_threads``;
+        Execution (never changes the data): ``reader_threads`` (default 1)
+        read and run ``map``/``filter``/``tokenize`` on the next ``readahead``
+        pieces of each lane in the background; ``prefetch`` batches (default 0)
+        are also packed ahead by a thread of their own, which rarely pays: a
+        batch is packed in well under a millisecond;
         ``pipelines_per_node`` for ``explain()`` (default ``LOCAL_WORLD_SIZE``).
         """
         for name in kwargs:
@@ -232,13 +228,6 @@ class Pipeline:
     def definition(self) -> dict[str, Any]:
         """Everything that defines the data; its hash is the state's fingerprint."""
         return {"work_source": self.work_source.definition(), "ops": [op.definition() for op in self._ops]}
-
-    @property
-    def prefetch(self) -> int:
-        """Batches prepared ahead by a background thread, after the default is resolved."""
-        if self._opts.prefetch is not None:
-            return self._opts.prefetch
-        return DEFAULT_PREFETCH if any(isinstance(op, DocOp) for op in self._ops) else 0
 
     def _parts(self) -> tuple[list[DocOp], PackOp, ShuffleOp | None, BatchOp]:
         by_kind = {op.kind: op for op in self._ops}
@@ -375,7 +364,7 @@ class _Engine:
         self._stop = threading.Event()
         self._queue: queue.SimpleQueue[Any] | None = None
         self._gen = self._produce()
-        prefetch = pipeline.prefetch
+        prefetch = opts.prefetch
         if prefetch > 0:
             # Two C-level SimpleQueues: batches, and free slots bounding them to `prefetch`.
             # queue.Queue's Condition objects cost a Python-level notify/wait per batch.

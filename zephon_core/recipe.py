@@ -73,7 +73,7 @@ class AggregateSpec:
 class ExecutionSpec:
     parallelism: int = 1
     runner: str = "thread"
-    prefetch: Optional[int] = None  # None: the Pipeline default
+    prefetch: int = 0
     readahead: int = 1
 
 
@@ -135,7 +135,7 @@ class Recipe:
         if s.pack_mode not in PACK_MODES:
             raise self._err("pack_mode", f"must be one of {PACK_MODES}, got {s.pack_mode!r}")
         for key, value, low in (("chunk_size", s.chunk_size, 1), ("shuffle.window", s.shuffle.window, 0),
-                                ("execution.parallelism", s.execution.parallelism, 1), ("execution.prefetch", s.execution.prefetch or 0, 0),
+                                ("execution.parallelism", s.execution.parallelism, 1), ("execution.prefetch", s.execution.prefetch, 0),
                                 ("execution.readahead", s.execution.readahead, 0)):
             if value < low:
                 raise self._err(key, f"must be >= {low}, got {value}")

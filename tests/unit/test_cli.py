@@ -60,7 +60,7 @@ def test_explain_prints_the_plan_without_data(tmp_path):
     r = zephon("explain", str(DEMO), "--dp-degree", "4", "--world-size", "8", "--per-node", "8")
     assert r.returncode == 0, r.stderr
     assert "dp_group_id=0 of dp_degree=4" in r.stdout and "owned [0, 1]" in r.stdout
-    assert "per node (8 pipeline(s)): 16 thread(s)" in r.stdout
+    assert "per node (8 pipeline(s)): 8 thread(s)" in r.stdout  # one reader thread each; batches packed by the caller
 
 
 def test_inspect_shows_positions(states):

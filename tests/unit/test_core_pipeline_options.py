@@ -29,19 +29,17 @@ def test_defaults_single_process(ws):
     assert ident.lanes == [0]
 
 
-def test_prefetch_defaults_to_a_thread_only_with_per_document_operators(ws):
+def test_batches_are_packed_in_the_callers_thread_unless_prefetch_is_set(ws):
     import threading
 
     text = StaticMixture([MemorySource(text_docs(20))], chunk_size=4)
     cases = [
-        (Pipeline(ws).pack(8).batch(2), 0),  # pretokenized: packed in the caller's thread
-        (Pipeline(ws).map(lambda d: d).pack(8).batch(2), 2),
-        (Pipeline(text).tokenize(CharTokenizer()).pack(8).batch(2), 2),
+        (Pipeline(ws).pack(8).batch(2), 0),
+        (Pipeline(text).tokenize(CharTokenizer()).pack(8).batch(2), 0),  # tokenizing is the reader thread's job
         (Pipeline(ws).pack(8).batch(2).options(prefetch=3), 3),
-        (Pipeline(text).tokenize(CharTokenizer()).pack(8).batch(2).options(prefetch=0), 0),
+        (Pipeline(text).tokenize(CharTokenizer()).pack(8).batch(2).options(prefetch=2), 2),
     ]
     for p, want in cases:
-        assert p.prefetch == want
         assert f"prefetch={want} batches" in p.explain()
         before = set(threading.enumerate())
         with p:
@@ -348,7 +346,7 @@ def test_a_process_that_exits_without_close_exits_cleanly():
         "work = StaticMixture([JsonlSource('configs/corpus/stdlib_docs.jsonl')], seed=1, chunk_size=16)\n"
         "tok = Tokenizer.from_file('configs/corpus/tokenizer.json')\n"
         "p = Pipeline(work).tokenize(tok, eos_id=1).pack(seq_len=128).shuffle(window=8).batch(2)\n"
-        "p = p.options(canonical_replicas=8, dp_degree=4, dp_group_id=1)\n"
+        "p = p.options(canonical_replicas=8, dp_degree=4, dp_group_id=1, prefetch=2)\n"
         "next(iter(p))\n"  # exits while the prefetch thread tokenizes the next slices and chunks
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
