@@ -58,6 +58,12 @@ def _feistel(x: np.ndarray, half_bits: np.uint64, mask: np.uint64, round_keys: l
     return (left << half_bits) | right
 
 
+def _geometry(n: int) -> tuple[np.uint64, np.uint64]:
+    """Half-width in bits and half mask of the smallest power-of-four domain covering ``[0, n)``."""
+    half_bits = (max(2, (n - 1).bit_length()) + 1) // 2
+    return np.uint64(half_bits), np.uint64((1 << half_bits) - 1)
+
+
 class IndexPermutation:
     """A bijection of ``[0, n)`` chosen by ``key``.
 
@@ -71,9 +77,7 @@ class IndexPermutation:
             raise ValueError(f"cannot permute an empty range (n={n})")
         self.n = int(n)
         self.key = int(key)
-        bits = max(2, (self.n - 1).bit_length())
-        self._half_bits = np.uint64((bits + 1) // 2)
-        self._mask = np.uint64((1 << int(self._half_bits)) - 1)
+        self._half_bits, self._mask = _geometry(self.n)
         self._round_keys = [np.uint64(derive_key(self.key, r)) for r in range(_ROUNDS)]
         self._int_round_keys = [int(k) for k in self._round_keys]
 
@@ -129,8 +133,7 @@ def permute_rows(n: int, keys: list[int], indices: np.ndarray) -> np.ndarray:
         raise IndexError(f"index out of range for a permutation of {n}")
     if n == 1:
         return np.zeros_like(idx)
-    geometry = IndexPermutation(n, 0)
-    half_bits, mask = geometry._half_bits, geometry._mask
+    half_bits, mask = _geometry(n)
     per_row = np.array([[derive_key(int(k), r) for r in range(_ROUNDS)] for k in keys], dtype=np.uint64).reshape(len(keys), _ROUNDS)
     rows = np.repeat(np.arange(idx.shape[0]), idx.shape[1])
     with np.errstate(over="ignore"):

@@ -52,6 +52,11 @@ def _concat(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.nda
     return np.concatenate([flat[a : a + n] for a, n in zip(starts.tolist(), lengths.tolist())], dtype=np.int64)
 
 
+def _split(tokens: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    """``read_flat``'s output as one array per document."""
+    return np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+
 class TokenArraySource(Source):
     """Documents as slices of one token array.
 
@@ -87,8 +92,7 @@ class TokenArraySource(Source):
         return len(self._offsets) - 1
 
     def read(self, indices: Sequence[int]) -> list[Any]:
-        o = self._offsets
-        return [np.asarray(self._tokens[o[i] : o[i + 1]], dtype=np.int64) for i in indices]
+        return _split(*self.read_flat(np.asarray(indices, dtype=np.int64)))
 
     def read_flat(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The documents at ``indices`` end to end (int64) and their lengths, without one array per document."""
@@ -202,15 +206,7 @@ class MegatronIndexedSource(Source):
         return _concat(self._flat, starts, seq_lengths), lengths
 
     def read(self, indices: Sequence[int]) -> list[Any]:
-        out = []
-        for d in indices:
-            first, last = int(self._doc_index[d]), int(self._doc_index[d + 1])
-            parts = [
-                np.frombuffer(self._bin, self._dtype, int(self._lengths[s]), int(self._pointers[s]))
-                for s in range(first, last)
-            ]
-            out.append(np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64))
-        return out
+        return _split(*self.read_flat(np.asarray(indices, dtype=np.int64)))
 
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
