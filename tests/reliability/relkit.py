@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -275,6 +276,21 @@ def run_ranks(configs: Sequence[Mapping[str, Any]], timeout: float = 120.0, env:
 def write_json(path: Path, value: Any) -> str:
     path.write_text(json.dumps(value))
     return str(path)
+
+
+def checkpoint_in_thread(pipeline: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """Start ``pipeline.checkpoint()`` in a thread; the dict gets its ``state`` or its ``error``."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["state"] = pipeline.checkpoint()
+        except Exception as e:  # noqa: BLE001
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.01) -> None:

@@ -6,7 +6,6 @@ or duplicated."""
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -153,16 +152,7 @@ def _leader_with_fake_follower(tmp_path: Path, follower_bytes, expect: type[Exce
     agg = tmp_path / "agg"
     leader = relkit.pipeline(world_size=2, global_rank=0, dp_degree=2, dp_group_id=0, aggregate_dir=str(agg), run_id="job",
                              aggregate_timeout_s=30, prefetch=0)
-    out: dict = {}
-
-    def lead() -> None:
-        try:
-            out["state"] = leader.checkpoint()
-        except Exception as e:  # noqa: BLE001
-            out["error"] = e
-
-    t = threading.Thread(target=lead)
-    t.start()
+    t, out = relkit.checkpoint_in_thread(leader)
     round_file = agg / "job" / "round.json"
     relkit.wait_for(round_file.exists, 30, "the leader's round")
     token = json.loads(round_file.read_text())["token"]

@@ -180,19 +180,10 @@ def test_follower_refuses_a_merged_file_holding_a_pickle(tmp_path, rel):
     agg = tmp_path / "agg"
     follower = relkit.pipeline(world_size=2, global_rank=1, dp_degree=2, dp_group_id=1, aggregate_dir=str(agg), run_id="job",
                                aggregate_timeout_s=30, prefetch=0)
-    out: dict = {}
-
-    def follow() -> None:
-        try:
-            out["state"] = follower.checkpoint()
-        except Exception as e:  # noqa: BLE001
-            out["error"] = e
-
     (agg / "job").mkdir(parents=True)
     token = "f" * 32
     (agg / "job" / "round.json").write_text(json.dumps({"token": token, "round": 1, "world_size": 2}))
-    t = threading.Thread(target=follow)
-    t.start()
+    t, out = relkit.checkpoint_in_thread(follower)
     relkit.wait_for(lambda: (agg / "job" / f"state-{token}-00001.json").exists(), 30, "the follower's state")
     tmp = agg / "job" / ".tmp-evil"
     tmp.write_bytes(payload_bytes(marker))
