@@ -18,8 +18,9 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EOS = 1
@@ -402,6 +403,7 @@ def case_throughput(a: dict) -> None:
     if loader.startswith("zephon_core"):
         import numpy  # noqa: F401
         import tokenizers  # noqa: F401
+
         import zephon_core  # noqa: F401
     elif loader.startswith("zephon020"):
         import numpy  # noqa: F401
@@ -591,7 +593,7 @@ def case_restore(a: dict) -> None:
 # ----------------------------------------------------------------------------- P4
 def _agg_rank(base: str, run_id: str, n: int, r: int, state: dict, so: dict, rounds: int, barrier, q) -> None:
     try:
-        from zephon_core.aggregate import Aggregator
+        from zephon_core.checkpoint.aggregate import Aggregator
 
         agg = Aggregator(base, run_id, n, r, 120.0, so)
         stats: dict[str, list[float]] = {}
@@ -631,9 +633,9 @@ def _store_latency(base: str, so: dict, n: int = 15) -> dict:
     """Median latency of single store calls as the Aggregator makes them (calibration, after the runs)."""
     import statistics
 
-    from zephon_core.aggregate import _Dir
+    from zephon_core.checkpoint.folder import AggregateFolder
 
-    d = _Dir(base, "calibration", so)
+    d = AggregateFolder(base, "calibration", so)
     payload = {"x": "y" * 300}
     ts: dict[str, list[float]] = {"write (atomic publish)": [], "read": [], "names (list)": [], "remove (1 file)": []}
     for i in range(n):
@@ -708,8 +710,9 @@ def case_aggregate(a: dict) -> None:
     import uuid
 
     import numpy as np
+
     from zephon_core import MemorySource, Pipeline, StaticMixture
-    from zephon_core.aggregate import Aggregator  # noqa: F401  (imported before fork)
+    from zephon_core.checkpoint.aggregate import Aggregator  # noqa: F401  (imported before fork)
 
     backend = a["backend"]
     server = None
@@ -753,7 +756,7 @@ def case_aggregate(a: dict) -> None:
                 pr.start()
             rows: list[list[tuple]] = [[] for _ in range(rounds)]
             errors: list[str] = []
-            for k in range(rounds):
+            for _k in range(rounds):
                 try:
                     barrier.wait(timeout=180)
                 except Exception:
@@ -804,7 +807,7 @@ def case_aggregate(a: dict) -> None:
 # ----------------------------------------------------------------------------- P5
 def case_state_bytes(a: dict) -> None:
     """Checkpoint JSON bytes as a function of canonical_replicas (lanes)."""
-    from zephon_core.state import canonical_json
+    from zephon_core.checkpoint.state import canonical_json
 
     out: dict[str, Any] = {"by_lanes": {}}
     for C in a["lanes"]:
@@ -839,7 +842,7 @@ def case_state_bytes(a: dict) -> None:
         p.checkpoint()
         ts.append(perf() - t0)
     out["checkpoint_call_ms_tokenize"] = statistics.median(ts) * 1e3
-    from zephon_core.ops import tokenizer_identity
+    from zephon_core.lane.ops import tokenizer_identity
 
     tok = load_tokenizer(a["tokenizer"])
     ts = []

@@ -8,6 +8,10 @@
 #   source scripts/env.sh     -> exports ZEPHON_VENV, ZEPHON_PY, ZEPHON_TT022
 #   bash scripts/env.sh       -> builds it if missing and prints its path
 #
+# The project itself is installed editable into it from this clone (re-pointed when
+# another clone sources this), so `zephon` is on the venv's PATH and the adapters'
+# entry points (zephon.state_readers) are visible.
+#
 # Sourcing leaves the caller's shell options as they were.
 
 _zephon_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,7 +52,21 @@ _zephon_build_env() {
     fi
     exec 9>&-
   fi
+  _zephon_install_project "$venv" || return 1
   export ZEPHON_VENV="$venv" ZEPHON_PY="$venv/bin/python" ZEPHON_TT022="$tt022"
+}
+
+_zephon_install_project() {
+  local venv="$1" mark="$1/.editable-root"
+  [[ "$(cat "$mark" 2>/dev/null)" == "$_zephon_root" ]] && return 0
+  exec 8>"$venv/.editable-lock"
+  flock 8
+  if [[ "$(cat "$mark" 2>/dev/null)" != "$_zephon_root" ]]; then
+    "$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation --editable "$_zephon_root" >/dev/null 2>&1 \
+      && echo "$_zephon_root" >"$mark" \
+      || { echo "zephon: installing the project into $venv failed" >&2; exec 8>&-; return 1; }
+  fi
+  exec 8>&-
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every test: the serial suite (unit, property, e2e) and the MPI matrix.
-# Builds the environment on first use. Ends with one line:
+# Every test: lint and type check, the serial suite (unit, property, e2e) and the MPI matrix.
+# Builds the environment on first use. Ends with one line (lint counts as one check):
 #   zephon: N passed, N failed, N skipped
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,6 +13,12 @@ rm -rf "$art" && mkdir -p "$art"
 export ZEPHON_CACHE_DIR="$art/index-cache"
 
 status=0
+echo "== lint"
+bash scripts/lint.sh > "$art/lint.log" 2>&1
+lint_rc=$?
+tail -n 30 "$art/lint.log"
+[[ $lint_rc -ne 0 ]] && status=1
+
 echo "== serial suite"
 timeout -k 30 4200 "$ZEPHON_PY" -m pytest tests -q -ra --timeout=1200 --junitxml="$art/serial.xml" "$@"
 rc=$?
@@ -22,9 +28,13 @@ echo "== MPI matrix"
 bash scripts/run_mpi_matrix.sh | tee "$art/mpi.log"
 [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1
 
-"$ZEPHON_PY" - "$art/serial.xml" "$art/mpi.log" <<'PY'
+"$ZEPHON_PY" - "$art/serial.xml" "$art/mpi.log" "$lint_rc" <<'PY'
 import re, sys, xml.etree.ElementTree as ET
 p = f = s = 0
+if sys.argv[3] == "0":
+    p += 1
+else:
+    f += 1
 try:
     for suite in ET.parse(sys.argv[1]).getroot().iter("testsuite"):
         t, e, fl, sk = (int(suite.get(k, 0)) for k in ("tests", "errors", "failures", "skipped"))

@@ -28,7 +28,8 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 HOST = "127.0.0.1"
 DEFAULT_BUCKET = "zephon-test"

@@ -6,12 +6,12 @@ checkpoint. This package imports no torch.
 """
 
 from zephon_core.batch import Batch, Cursor, Segment
+from zephon_core.checkpoint.merge import diff_definitions, merge_states
+from zephon_core.curriculum.mixture import StaticMixture
 from zephon_core.errors import AggregationError, ConfigError, DataError, StateError, ZephonError
-from zephon_core.lanes import owned_lanes
-from zephon_core.mixture import StaticMixture
+from zephon_core.lane.assignment import owned_lanes
 from zephon_core.pipeline import Pipeline
 from zephon_core.sources import JsonlSource, MegatronIndexedSource, MemorySource, ParquetSource, Source, TokenArraySource
-from zephon_core.state import diff_definitions, merge_states
 
 __version__ = "0.1.0"
 

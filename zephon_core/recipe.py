@@ -29,18 +29,18 @@ a missing value is an error that names the file and the key.
 
 from __future__ import annotations
 
-import math
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from zephon_core.curriculum.mixture import EXHAUSTION_POLICIES, StaticMixture
 from zephon_core.errors import ConfigError
-from zephon_core.mixture import EXHAUSTION_POLICIES, StaticMixture
-from zephon_core.ops import PACK_MODES
+from zephon_core.lane.ops import PACK_MODES, RUNNERS
 from zephon_core.pipeline import Pipeline
 from zephon_core.sources import JsonlSource, MegatronIndexedSource, ParquetSource, Source, TokenArraySource
+from zephon_core.validation import require_choice, require_int, require_positive_number
 
 TEXT_FORMATS = ("jsonl", "parquet")
 TOKEN_FORMATS = ("token_array", "megatron")
@@ -123,28 +123,23 @@ class Recipe:
                 raise self._err(f"sources[{n}].path", "missing")
             if src.format not in TEXT_FORMATS + TOKEN_FORMATS:
                 raise self._err(f"sources[{n}].format", f"unknown format {src.format!r}; use one of {TEXT_FORMATS + TOKEN_FORMATS}")
-            if not math.isfinite(src.weight) or src.weight <= 0:
-                raise self._err(f"sources[{n}].weight", f"must be a positive finite number, got {src.weight!r}")
+            require_positive_number(src.weight, f"{self.path}: sources[{n}].weight")
             if src.format == "token_array" and not src.offsets:
                 raise self._err(f"sources[{n}].offsets", "a token_array source needs the .npy file of document offsets")
             kinds.add("text" if src.format in TEXT_FORMATS else "tokens")
         if len(kinds) > 1:
             raise self._err("sources", "mixes text and pretokenized sources; use one kind per recipe")
-        if s.exhausted not in EXHAUSTION_POLICIES:
-            raise self._err("exhausted", f"must be one of {EXHAUSTION_POLICIES}, got {s.exhausted!r}")
-        if s.pack_mode not in PACK_MODES:
-            raise self._err("pack_mode", f"must be one of {PACK_MODES}, got {s.pack_mode!r}")
-        for key, value, low in (("chunk_size", s.chunk_size, 1), ("shuffle.window", s.shuffle.window, 0),
-                                ("execution.parallelism", s.execution.parallelism, 1), ("execution.prefetch", s.execution.prefetch, 0),
-                                ("execution.readahead", s.execution.readahead, 0)):
-            if value < low:
-                raise self._err(key, f"must be >= {low}, got {value}")
-        if s.canonical_replicas is not None and s.canonical_replicas < 1:
-            raise self._err("canonical_replicas", f"must be >= 1, got {s.canonical_replicas}")
+        require_choice(s.exhausted, f"{self.path}: exhausted", EXHAUSTION_POLICIES)
+        require_choice(s.pack_mode, f"{self.path}: pack_mode", PACK_MODES)
+        require_choice(s.execution.runner, f"{self.path}: execution.runner", RUNNERS)
+        minimums = [("chunk_size", s.chunk_size, 1), ("shuffle.window", s.shuffle.window, 0), ("execution.parallelism", s.execution.parallelism, 1),
+                    ("execution.prefetch", s.execution.prefetch, 0), ("execution.readahead", s.execution.readahead, 0)]
+        if s.canonical_replicas is not None:
+            minimums.append(("canonical_replicas", s.canonical_replicas, 1))
         if s.standalone is not None:
-            for key in ("seq_len", "batch_size"):
-                if getattr(s.standalone, key) < 1:
-                    raise self._err(f"standalone.{key}", f"must be >= 1, got {getattr(s.standalone, key)}")
+            minimums += [("standalone.seq_len", s.standalone.seq_len, 1), ("standalone.batch_size", s.standalone.batch_size, 1)]
+        for key, value, low in minimums:
+            require_int(value, f"{self.path}: {key}", low)
 
     @property
     def pretokenized(self) -> bool:

@@ -40,9 +40,10 @@ def test_shared_tmp_is_one_directory(shared_tmp, rank, world_size, allgather, ba
 
 @pytest.mark.mpi
 def test_dist_env_supports_env_init(dist_env, rank, world_size):
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
-    from datetime import timedelta
 
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
     t = torch.ones(1)

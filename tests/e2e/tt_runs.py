@@ -31,7 +31,7 @@ def launch(version: str, nproc: int, dump: Path, *, steps: int = 6, extra: list[
               "--checkpoint.enable", "--checkpoint.interval", "2", "--lr_scheduler.warmup_steps", "1"]
     if harness.normalize_version(version) == "0.3":
         args = ["--module", "llama3", "--config", "llama3_debugmodel", "--hf_assets_path", str(ASSETS), "--dump_folder", str(dump),
-                "--override.imports", "zephon_torchtitan.zephon_loader=" + json.dumps(opts),
+                "--override.imports", "zephon_torchtitan.zephon_loader=" + json.dumps({"global_batch_size": GLOBAL_BATCH, **opts}),
                 "--training.mixed_precision_param", "float32", "--debug.seed", "0", "--metrics.log_freq", "1",
                 "--metrics.disable_color_printing", *common]
     else:

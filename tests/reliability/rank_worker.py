@@ -55,10 +55,11 @@ def die() -> None:
 def main() -> int:
     cfg = json.load(open(sys.argv[1]))
     import fsspec
-
     import relkit
+
     from zephon_core import ZephonError
-    from zephon_core import aggregate as agg
+    from zephon_core.checkpoint import aggregate as agg
+    from zephon_core.checkpoint.folder import AggregateFolder
 
     held: dict = {"out": None}  # a result file kept open while privileged (see "unprivileged")
 
@@ -87,7 +88,7 @@ def main() -> int:
     def touch(path: str) -> None:
         open(path, "w").close()
 
-    orig_write, orig_read = agg._Dir.write, agg._Dir.read
+    orig_write, orig_read = AggregateFolder.write, AggregateFolder.read
 
     def write(self, name, value):
         if name.startswith("state-") and armed("kill_before_state_write"):
@@ -154,7 +155,7 @@ def main() -> int:
 
         return FaultyWriter()
 
-    agg._Dir.write, agg._Dir.read = write, read
+    AggregateFolder.write, AggregateFolder.read = write, read
     os.fdopen = fdopen
 
     options = dict(

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import relkit
 from relkit import C, M, by_step, compare, reference
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import relkit
+
 from zephon_core import ConfigError, DataError, JsonlSource, MegatronIndexedSource, ParquetSource, StateError, TokenArraySource
 from zephon_core.recipe import load_recipe
 
@@ -322,7 +322,7 @@ def test_longest_legal_run_id_stays_inside_aggregate_dir(tmp_path, rel):
     p.close()
     # through a recipe too
     (tmp_path / "docs.jsonl").write_text(GOOD * 20)
-    (tmp_path / "r.toml").write_text(RECIPE_OK + f'[aggregate]\ndir = "agg"\nrun_id = "../escape"\n')
+    (tmp_path / "r.toml").write_text(RECIPE_OK + '[aggregate]\ndir = "agg"\nrun_id = "../escape"\n')
     with pytest.raises(ConfigError) as e:
         load_recipe(tmp_path / "r.toml").build(seq_len=8, batch_size=2, tokenizer=CharTokenizer(), world_size=2, global_rank=0)
     assert "run_id" in str(e.value)
@@ -367,7 +367,7 @@ def _mutations(state: dict):
     yield "lane without delivered", lambda s: s["lanes"]["1"].pop("delivered"), ["lanes['1']"]
     yield "lane without cursor", lambda s: s["lanes"]["2"].pop("cursor"), ["lanes['2']"]
     for n, bad in enumerate(["3", 1.5, -1, None, True, [1]]):
-        yield f"cursor[{n % 4}] = {bad!r}", lambda s, n=n, b=bad: s["lanes"]["3"]["cursor"].__setitem__(n % 4, b), [f"lanes['3'].cursor"]
+        yield f"cursor[{n % 4}] = {bad!r}", lambda s, n=n, b=bad: s["lanes"]["3"]["cursor"].__setitem__(n % 4, b), ["lanes['3'].cursor"]
     yield "cursor of 3 entries", lambda s: s["lanes"]["0"]["cursor"].pop(), ["lanes['0'].cursor"]
     yield "cursor of 5 entries", lambda s: s["lanes"]["0"]["cursor"].append(0), ["lanes['0'].cursor"]
     yield "delivered negative", lambda s: s["lanes"]["0"].update(delivered=-2), ["lanes['0'].delivered"]
@@ -376,7 +376,7 @@ def _mutations(state: dict):
 
 
 def _refingerprint(s: dict) -> None:
-    from zephon_core.state import fingerprint_of
+    from zephon_core.checkpoint.state import fingerprint_of
 
     s["definition"]["work_source"]["seed"] = 8
     s["fingerprint"] = fingerprint_of(s["definition"])

@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 import relkit
 from relkit import C, M, by_step, compare, rank_config, reference, run_ranks, write_json
 
@@ -172,7 +171,7 @@ def test_stale_round_files_of_a_crashed_attempt(tmp_path, rel, kind):
     ok = all(r.returncode == 0 and r.error is None for r in res)
     rel.case(f"stale round files of a crashed attempt ({kind}), follower first",
              "follower leaves the stale round for the new leader's; both return the new merged state" if ok else "FAILED: " + "; ".join(
-        f"rank {r.cfg['rank']}: {r.error['message'] if r.error else 'rc=%s' % r.returncode}" for r in res if r.error or r.returncode))
+        f"rank {r.cfg['rank']}: {r.error['message'] if r.error else f'rc={r.returncode}'}" for r in res if r.error or r.returncode))
     for r in res:
         assert r.returncode == 0 and r.error is None, r
     assert res[0].states == res[1].states
@@ -221,7 +220,7 @@ def test_new_leader_cleanup_while_a_follower_writes_into_the_stale_round(tmp_pat
     ok = all(r.returncode == 0 and r.error is None for r in res)
     rel.case("new leader cleans up while a follower writes into the stale round",
              "in-flight .tmp- file left alone; follower moves to the new round" if ok else "FAILED: " + "; ".join(
-        f"rank {r.cfg['rank']}: {r.error['message'][:150] if r.error else 'rc=%s' % r.returncode}" for r in res if r.error or r.returncode))
+        f"rank {r.cfg['rank']}: {r.error['message'][:150] if r.error else f'rc={r.returncode}'}" for r in res if r.error or r.returncode))
     for r in res:
         assert r.returncode == 0 and r.error is None, r
     account(rel, "new leader cleans up while a follower writes: rows", first_rows, 1, res, 2, res[0].states[-1], outcome="0 lost, 0 duplicated")

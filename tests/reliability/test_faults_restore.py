@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 import relkit
 from relkit import C, M, by_step, compare, reference
+
 from zephon_core import AggregationError, StateError, ZephonError, merge_states
-from zephon_core.cli import CliError, load_state
+from zephon_core.tools.state_readers import StateReadError, load_state
 
 STEPS = 3
 
@@ -68,7 +68,7 @@ def test_truncated_merged_file_is_refused(tmp_path, rel):
         path.write_bytes(data[:cut])
         try:
             state = load_state(str(path))
-        except CliError as e:
+        except StateReadError as e:
             if str(path) not in str(e):
                 bad.append((cut, str(e)))
             continue
@@ -86,7 +86,7 @@ def _classify(original: dict, data: bytes, path: Path, target) -> str:
     path.write_bytes(data)
     try:
         state = load_state(str(path))
-    except CliError as e:
+    except StateReadError as e:
         return "refused: not JSON" if str(path) in str(e) else f"UNCLEAR: {e}"
     try:
         target.restore(state)  # validates only: the pipeline is never iterated

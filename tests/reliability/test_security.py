@@ -18,13 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import relkit
+
 from zephon_core import AggregationError, DataError, JsonlSource, StateError, TokenArraySource
-from zephon_core.cli import CliError, load_state
+from zephon_core.errors import ConfigError
 from zephon_core.recipe import load_recipe
 from zephon_core.sources import index_cache
-from zephon_core.errors import ConfigError
+from zephon_core.tools.state_readers import StateReadError, load_state
 
 CORE = relkit.REPO / "zephon_core"
 ADAPTERS = [relkit.REPO / "integrations" / "torchtitan" / "zephon_torchtitan", relkit.REPO / "integrations" / "megatron" / "zephon_megatron"]
@@ -138,7 +138,7 @@ def test_state_files_holding_pickles_are_refused(tmp_path, rel):
     marker = tmp_path / "MARKER-state"
     path = tmp_path / "state.json"
     path.write_bytes(payload_bytes(marker))
-    with pytest.raises(CliError) as e:
+    with pytest.raises(StateReadError) as e:
         load_state(str(path))
     assert str(path) in str(e.value)
     with pytest.raises(StateError):

@@ -23,10 +23,9 @@ import uuid
 from collections import Counter
 
 import pytest
+import relkit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import relkit
 
 SOAK = os.environ.get("ZEPHON_SOAK") == "1"
 MAX_SEGMENTS = 6 if SOAK else 3
@@ -74,7 +73,7 @@ def _run_segment(agg: str, run_id: str, C: int, m: int, window: int, G: int, tp:
                 p.restore(state)
             it = iter(p)
             rows, merged = [], []
-            for k, n in enumerate(steps):
+            for _k, n in enumerate(steps):
                 rows += [relkit.batch_record(next(it)) for _ in range(n * m * C // G)]
                 merged.append(p.checkpoint())
                 step_done.wait()

@@ -26,11 +26,11 @@ def _preload() -> None:
     import fsspec  # noqa: F401
     import fsspec.implementations.local  # noqa: F401
     import numpy  # noqa: F401
-
     import rank_worker  # noqa: F401
     import relkit  # noqa: F401
+
     import zephon_core  # noqa: F401
-    import zephon_core.aggregate  # noqa: F401
+    import zephon_core.checkpoint.aggregate  # noqa: F401
 
     try:
         import s3fs  # noqa: F401

@@ -52,7 +52,7 @@ def store(path: Path, fingerprint: dict[str, Any], arrays: dict[str, np.ndarray]
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, fingerprint=fp, **arrays)
+                np.savez(f, fingerprint=fp, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its bool flag
             os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         except BaseException:

@@ -171,5 +171,6 @@ class JsonlSource(Source):
         return dict(self._fingerprint)
 
     def __del__(self) -> None:
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)

@@ -50,7 +50,7 @@ class MicroBatch(dict):
     meta: BatchMeta | None = None
 
     def __contains__(self, key: object) -> bool:
-        return dict.__contains__(self, key) and dict.__getitem__(self, key) is not None  # type: ignore[index]
+        return dict.__contains__(self, key) and dict.__getitem__(self, key) is not None
 
 
 def comm_device(group: Any = None) -> torch.device:

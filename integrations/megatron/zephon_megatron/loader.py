@@ -27,8 +27,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from zephon_core import Batch, Pipeline
-from zephon_core import audit as batch_audit
-from zephon_core.recipe import Recipe, load_recipe
+from zephon_core.integration import Coordination, load_training_recipe, resolve_coordination
+from zephon_core.recipe import Recipe
+from zephon_core.tools import audit as batch_audit
 from zephon_megatron import state as loader_state
 from zephon_megatron.args import Settings, is_requested, to_external
 from zephon_megatron.batches import BatchFormat, to_megatron, to_torch
@@ -108,7 +109,7 @@ def tokenizer_eod(tokenizer: Any) -> int | None:
 
 # -- the audit log --------------------------------------------------------------------
 def open_batch_log() -> Any:
-    """``zephon_core.audit``'s log for this process's global rank (None when unset)."""
+    """``zephon_core.tools.audit``'s log for this process's global rank (None when unset)."""
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -230,35 +231,24 @@ class ZephonValidIterator:
 
 # -- building ---------------------------------------------------------------------------
 def _recipe(path: str, what: str) -> Recipe:
-    recipe = load_recipe(path)
-    if recipe.spec.standalone is not None:
-        raise ZephonMegatronError(
-            f"{path}: standalone: Megatron supplies the tokenizer, sequence length and batch size; remove the "
-            f"[standalone] section from a recipe used as {what}"
-        )
-    return recipe
+    return load_training_recipe(path, framework="Megatron", role=what, error=ZephonMegatronError)
 
 
-def canonical_replicas(settings: Settings, recipe: Recipe, resumed: loader_state.LoaderState | None, dp: int) -> int:
-    """The lane count: the flag, else the recipe's, else the resumed state's, else DP."""
-    if settings.canonical_replicas is not None:
-        return int(settings.canonical_replicas)
-    if recipe.spec.canonical_replicas is not None:
-        return int(recipe.spec.canonical_replicas)
-    if resumed is not None:
-        return int(resumed.state["canonical_replicas"])
-    return dp
-
-
-def aggregation(settings: Settings, recipe: Recipe) -> tuple[str | None, str | None, float]:
-    spec = recipe.spec.aggregate
-    agg_dir = settings.aggregate_dir or (recipe.resolve(spec.dir) if spec.dir else None)
-    return agg_dir, settings.run_id or spec.run_id, float(spec.timeout_s)
+def coordination(settings: Settings, recipe: Recipe, resumed: loader_state.LoaderState | None, dp: int) -> Coordination:
+    """Lanes and aggregation: the flags, else the recipe's, else (lanes) the resumed state's, else DP."""
+    return resolve_coordination(
+        recipe, dp_degree=dp, canonical_replicas=settings.canonical_replicas, aggregate_dir=settings.aggregate_dir,
+        run_id=settings.run_id, resumed_state=resumed.state if resumed is not None else None,
+    )
 
 
 def shape_of(args: Any, settings: Settings, recipe: Recipe | None, *, C: int | None,
              num_microbatches: int | None = None) -> RunShape:
-    agg_dir, run_id, _ = aggregation(settings, recipe) if recipe is not None else (settings.aggregate_dir, settings.run_id, 0.0)
+    if recipe is not None:
+        coord = coordination(settings, recipe, None, int(args.data_parallel_size))
+        agg_dir, run_id = coord.aggregate_dir, coord.run_id
+    else:
+        agg_dir, run_id = settings.aggregate_dir, settings.run_id
     return RunShape.from_args(args, canonical_replicas=C, num_microbatches=num_microbatches, valid_recipe=settings.valid_recipe,
                               aggregate_dir=agg_dir, run_id=run_id, megatron_broadcast=ROUTE["megatron_broadcast"])
 
@@ -315,7 +305,8 @@ def provide(args: Any) -> tuple[Any, Any, Any]:
         if newer:
             _print_rank0(f"zephon: resuming at iteration {iteration}; ignoring loader states of later iterations {newer} "
                          "(their model checkpoints were not the ones loaded)")
-    C = canonical_replicas(settings, recipe, resumed, dp)
+    coord = coordination(settings, recipe, resumed, dp)
+    C = coord.canonical_replicas
     check(shape_of(args, settings, recipe, C=C, num_microbatches=nmb))
 
     all_stages = bool(getattr(args, "dataloader_inter_document_masking", False))
@@ -340,10 +331,10 @@ def provide(args: Any) -> tuple[Any, Any, Any]:
     tok = TokenizerAdapter(tokenizer) if not recipe.pretokenized else None
 
     saves = first  # Megatron asks tensor-parallel rank 0 of the first stage only
-    agg_dir, run_id, timeout = aggregation(settings, recipe)
     options: dict[str, Any] = dict(dp_degree=dp, dp_group_id=dp_rank, canonical_replicas=C)
     if saves and dp > 1:
-        options.update(world_size=dp, global_rank=dp_rank, aggregate_dir=agg_dir, run_id=run_id, aggregate_timeout_s=timeout)
+        options.update(world_size=dp, global_rank=dp_rank, aggregate_dir=coord.aggregate_dir, run_id=coord.run_id,
+                       aggregate_timeout_s=coord.aggregate_timeout_s)
     pipeline = recipe.build(seq_len=args.seq_length, batch_size=args.micro_batch_size, tokenizer=tok, bos_id=None,
                             eos_id=eod if tok is not None else None, **options)
     if resumed is not None:

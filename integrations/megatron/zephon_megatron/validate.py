@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_core import ConfigError
+from zephon_core.integration import IntegrationError, Terms, Topology, next_multiple, refuse, topology_problems
 
 
-class ZephonMegatronError(ConfigError):
+class ZephonMegatronError(IntegrationError):
     """A Megatron run the Zephon adapter refuses to start, or a loader state it cannot use."""
 
 
@@ -94,37 +94,24 @@ def _eval_iters(args: Any) -> int:
     return int(value)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def terms(s: RunShape) -> Terms:
+    """Megatron's names for what the core's topology rules talk about."""
+    return Terms(
+        dp="data-parallel size",
+        canonical_replicas="--zephon-canonical-replicas",
+        aggregate_dir="--zephon-aggregate-dir",
+        run_id="--zephon-run-id",
+        step=lambda n: (f"num_microbatches x DP = {s.num_microbatches} x {s.dp} = {n} micro-batches (global batch "
+                        f"{s.global_batch_size} / micro batch {s.micro_batch_size})"),
+        step_fix=lambda C, n: (f"set --global-batch-size to a multiple of {C * s.micro_batch_size} "
+                               f"(e.g. {next_multiple(n, C) * s.micro_batch_size})"),
+    )
 
 
 def problems(s: RunShape) -> list[str]:
     """Everything wrong with ``s``, one sentence each; empty when the run is fine."""
-    out: list[str] = []
-    C = s.canonical_replicas
-    if C is not None:
-        if C < 1:
-            out.append(f"canonical_replicas={C} must be at least 1")
-        elif C % s.dp:
-            out.append(
-                f"canonical_replicas={C} is not divisible by the data-parallel size {s.dp}: each data-parallel rank must own "
-                f"the same number of lanes; run with a data-parallel size among {_divisors(C)}, or start a new run with "
-                f"--zephon-canonical-replicas set to a multiple of {s.dp} (it cannot change during a run)"
-            )
-        elif s.batches_per_step % C:
-            want = C * max(1, -(-s.batches_per_step // C))
-            out.append(
-                f"one optimizer step consumes num_microbatches x DP = {s.num_microbatches} x {s.dp} = {s.batches_per_step} "
-                f"micro-batches (global batch {s.global_batch_size} / micro batch {s.micro_batch_size}), which is not a multiple "
-                f"of canonical_replicas={C}; set --global-batch-size to a multiple of {C * s.micro_batch_size} "
-                f"(e.g. {want * s.micro_batch_size}) so every step holds the same samples after a resize"
-            )
-    if s.dp > 1 and (not s.aggregate_dir or not s.run_id):
-        missing = " and ".join(f for f, v in (("--zephon-aggregate-dir", s.aggregate_dir), ("--zephon-run-id", s.run_id)) if not v)
-        out.append(
-            f"with {s.dp} data-parallel ranks the loader state is merged through a shared folder: pass {missing} "
-            "(or set [aggregate] dir and run_id in the recipe)"
-        )
+    topology = Topology(s.dp, s.canonical_replicas, s.batches_per_step, s.dp, s.aggregate_dir, s.run_id)
+    out = topology_problems(topology, terms(s))
     if s.rampup_batch_size:
         out.append(
             "--rampup-batch-size changes the number of micro-batches per step during the run, so steps cannot keep the same "
@@ -177,8 +164,4 @@ def problems(s: RunShape) -> list[str]:
 
 def check(s: RunShape) -> None:
     """Raise ``ZephonMegatronError`` listing every problem of ``s``."""
-    found = problems(s)
-    if found:
-        if len(found) == 1:
-            raise ZephonMegatronError(f"zephon: {found[0]}")
-        raise ZephonMegatronError("zephon: this run cannot start:\n" + "\n".join(f"  - {p}" for p in found))
+    refuse(problems(s), ZephonMegatronError)

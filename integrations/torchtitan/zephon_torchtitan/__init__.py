@@ -26,7 +26,7 @@ except ImportError:  # 0.2.x: use zephon_torchtitan.tt02
 else:
     from torchtitan.components.dataloader import BaseDataLoader
 
-    from zephon_torchtitan.tt03 import ZephonDataLoader
+    from zephon_torchtitan.tt03 import ZephonDataLoader, ZephonTrainer
 
     @override(target=BaseDataLoader.Config, fqns=["dataloader"], description="Zephon deterministic elastic loader")
     def zephon_loader(cfg: BaseDataLoader.Config, **kwargs: Any) -> ZephonDataLoader.Config:
@@ -39,4 +39,4 @@ else:
         kwargs.setdefault("infinite", False)
         return derive(cfg, ZephonDataLoader.Config, **kwargs)
 
-    __all__ = ["ZephonDataLoader", "zephon_loader", "zephon_validation_loader"]
+    __all__ = ["ZephonDataLoader", "ZephonTrainer", "zephon_loader", "zephon_validation_loader"]

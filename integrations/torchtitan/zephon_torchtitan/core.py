@@ -16,9 +16,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from zephon_core import ConfigError, Pipeline
-from zephon_core.audit import log_line, open_batch_log
-from zephon_core.recipe import Recipe, load_recipe
+from zephon_core import Pipeline
+from zephon_core.integration import (
+    IntegrationError,
+    Terms,
+    Topology,
+    load_training_recipe,
+    next_multiple,
+    refuse,
+    resolve_coordination,
+    topology_problems,
+)
+from zephon_core.tools.audit import log_line, open_batch_log
 
 #: TorchTitan's ignore index for labels (torchtitan.components.loss.IGNORE_INDEX).
 IGNORE_INDEX = -100
@@ -39,20 +48,7 @@ class Settings:
     aggregate_dir: str = ""  # "": from the recipe
     run_id: str = ""  # "": from the recipe
     aggregate_timeout_s: float = 0.0  # 0: from the recipe
-    global_batch_size: int = 0  # 0: from the trainer
     state_capacity_bytes: int = DEFAULT_STATE_CAPACITY
-
-
-def resolve_recipe(settings: Settings) -> Recipe:
-    if not settings.recipe:
-        raise ConfigError("zephon: no data recipe given; pass recipe=<path to a TOML data recipe>")
-    recipe = load_recipe(settings.recipe)
-    if recipe.spec.standalone is not None:
-        raise ConfigError(
-            f"{settings.recipe}: standalone: TorchTitan supplies the tokenizer, seq_len and batch size; "
-            "remove the [standalone] section from a recipe used for training"
-        )
-    return recipe
 
 
 class TokenizerAdapter:
@@ -77,24 +73,16 @@ class TokenizerAdapter:
         return (TokenizerAdapter, (self._tt,))
 
 
-def check_topology(C: int, dp_degree: int, batches_per_step: int | None, world_size: int, aggregate_dir: str | None, run_id: str | None) -> None:
-    """The start-up validators: refuse, before training, runs outside the elastic guarantee."""
-    if C % dp_degree:
-        divisors = [g for g in range(1, C + 1) if C % g == 0]
-        raise ValueError(
-            f"zephon: canonical_replicas={C} is not divisible by the data-parallel degree {dp_degree} "
-            f"(dp_replicate x dp_shard); use a dp degree among {divisors} or a canonical_replicas that is a multiple of {dp_degree}"
-        )
-    if batches_per_step is not None and batches_per_step % C:
-        raise ValueError(
-            f"zephon: each optimizer step consumes {batches_per_step} batches over all data-parallel ranks "
-            f"(global_batch_size / local_batch_size), which is not a multiple of canonical_replicas={C}; "
-            f"make it a multiple of {C} (e.g. global_batch_size = local_batch_size x {C * max(1, -(-batches_per_step // C))}) "
-            "so every step holds the same samples after a resize"
-        )
-    if world_size > 1 and (not aggregate_dir or not run_id):
-        missing = " and ".join(n for n, v in (("aggregate_dir", aggregate_dir), ("run_id", run_id)) if not v)
-        raise ValueError(f"zephon: a {world_size}-rank run checkpoints through a shared folder; set {missing} in the recipe's [aggregate] section or the loader options")
+#: TorchTitan's names for what the start-up rules talk about.
+TERMS = Terms(
+    dp="data-parallel degree",
+    dp_detail=" (dp_replicate x dp_shard)",
+    canonical_replicas="canonical_replicas (the loader option or the recipe's)",
+    aggregate_dir="aggregate_dir",
+    run_id="run_id",
+    step=lambda n: f"{n} batches over all data-parallel ranks (global_batch_size / local_batch_size)",
+    step_fix=lambda C, n: f"make it a multiple of {C} (e.g. global_batch_size = local_batch_size x {next_multiple(n, C)})",
+)
 
 
 def coordination_identity() -> tuple[int, int]:
@@ -121,23 +109,26 @@ class ZephonStream:
         batches_per_step: int | None,
         validation: bool = False,
     ) -> None:
-        recipe = resolve_recipe(settings)
-        spec = recipe.spec
-        C = settings.canonical_replicas or spec.canonical_replicas or dp_world_size
+        recipe = load_training_recipe(settings.recipe, framework="TorchTitan")
         world_size, global_rank = coordination_identity()
-        aggregate_dir = settings.aggregate_dir or (recipe.resolve(spec.aggregate.dir) if spec.aggregate.dir else None)
-        run_id = settings.run_id or spec.aggregate.run_id
+        coord = resolve_coordination(
+            recipe, dp_degree=dp_world_size, canonical_replicas=settings.canonical_replicas or None,
+            aggregate_dir=settings.aggregate_dir or None, run_id=settings.run_id or None,
+            aggregate_timeout_s=settings.aggregate_timeout_s or None,
+        )
         if validation:
             # A validation loader never checkpoints: no coordination, no step-size rule.
             world_size, global_rank, batches_per_step = 1, 0, None
-        check_topology(C, dp_world_size, batches_per_step, world_size, aggregate_dir, run_id)
+        topology = Topology(dp_world_size, coord.canonical_replicas, batches_per_step, world_size, coord.aggregate_dir, coord.run_id)
+        refuse(topology_problems(topology, TERMS))
         tok = TokenizerAdapter(tokenizer) if not recipe.pretokenized else None
         # pipelines_per_node is left to the core's default: LOCAL_WORLD_SIZE, set by torchrun.
         options: dict[str, Any] = dict(
-            dp_degree=dp_world_size, dp_group_id=dp_rank, canonical_replicas=C, world_size=world_size, global_rank=global_rank,
+            dp_degree=dp_world_size, dp_group_id=dp_rank, canonical_replicas=coord.canonical_replicas, world_size=world_size,
+            global_rank=global_rank,
         )
         if world_size > 1:
-            options.update(aggregate_dir=aggregate_dir, run_id=run_id, aggregate_timeout_s=settings.aggregate_timeout_s or spec.aggregate.timeout_s)
+            options.update(aggregate_dir=coord.aggregate_dir, run_id=coord.run_id, aggregate_timeout_s=coord.aggregate_timeout_s)
         self.pipeline: Pipeline = recipe.build(
             seq_len=seq_len,
             batch_size=local_batch_size,
@@ -171,7 +162,9 @@ class ZephonStream:
         if not state_dict:
             return
         if STATE_KEY not in state_dict:
-            raise ValueError(f"zephon: the checkpoint's dataloader state has no {STATE_KEY!r} (keys: {sorted(state_dict)}); it was not written by the Zephon loader")
+            raise IntegrationError(
+                f"zephon: the checkpoint's dataloader state has no {STATE_KEY!r} (keys: {sorted(state_dict)}); it was not written by the Zephon loader"
+            )
         self.pipeline.restore(decode_state(state_dict[STATE_KEY]))
 
 
@@ -198,7 +191,7 @@ def encode_state(state: dict[str, Any], capacity: int) -> torch.Tensor:
     """The state as JSON in a fixed-size uint8 tensor: 8-byte length, then the bytes."""
     data = json.dumps(state, sort_keys=True, separators=(",", ":")).encode()
     if len(data) + 8 > capacity:
-        raise ValueError(f"zephon: the loader state needs {len(data) + 8} bytes, more than state_capacity_bytes={capacity}; raise it (for new runs)")
+        raise IntegrationError(f"zephon: the loader state needs {len(data) + 8} bytes, more than state_capacity_bytes={capacity}; raise it (for new runs)")
     buf = np.zeros(capacity, dtype=np.uint8)
     buf[:8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
     buf[8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
@@ -209,14 +202,14 @@ def decode_state(value: Any) -> dict[str, Any]:
     """Inverse of ``encode_state``; accepts a tensor or anything array-like. Never unpickles."""
     arr = (value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)).astype(np.uint8, copy=False).ravel()
     if arr.size < 8:
-        raise ValueError("zephon: the checkpoint's loader state slot is truncated")
+        raise IntegrationError("zephon: the checkpoint's loader state slot is truncated")
     n = int.from_bytes(arr[:8].tobytes(), "little")
     if n <= 0 or 8 + n > arr.size:
-        raise ValueError(f"zephon: the checkpoint's loader state slot is corrupt (length {n} in a slot of {arr.size} bytes)")
+        raise IntegrationError(f"zephon: the checkpoint's loader state slot is corrupt (length {n} in a slot of {arr.size} bytes)")
     try:
         state = json.loads(arr[8 : 8 + n].tobytes().decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"zephon: the checkpoint's loader state is not valid JSON ({e})") from None
+        raise IntegrationError(f"zephon: the checkpoint's loader state is not valid JSON ({e})") from None
     if not isinstance(state, dict):
-        raise ValueError("zephon: the checkpoint's loader state is not a JSON object")
+        raise IntegrationError("zephon: the checkpoint's loader state is not a JSON object")
     return state

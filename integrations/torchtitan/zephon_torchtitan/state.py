@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from zephon_core.integration import IntegrationError
 from zephon_torchtitan.core import STATE_KEY, decode_state
 
 DCP_KEY = f"dataloader.{STATE_KEY}"
@@ -21,13 +22,13 @@ def read_dcp_state(folder: str) -> dict[str, Any]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     if not os.path.exists(os.path.join(folder, ".metadata")):
-        raise ValueError(f"{folder}: not a DCP checkpoint folder (no .metadata); pass .../checkpoint/step-N")
+        raise IntegrationError(f"{folder}: not a DCP checkpoint folder (no .metadata); pass .../checkpoint/step-N")
     reader = dcp.FileSystemReader(folder)
     meta = reader.read_metadata().state_dict_metadata.get(DCP_KEY)
     if meta is None:
-        raise ValueError(f"{folder}: this checkpoint has no Zephon loader state ({DCP_KEY}); it was not written with the Zephon loader")
+        raise IntegrationError(f"{folder}: this checkpoint has no Zephon loader state ({DCP_KEY}); it was not written with the Zephon loader")
     if not isinstance(meta, TensorStorageMetadata):
-        raise ValueError(f"{folder}: {DCP_KEY} is not a tensor; refusing to unpickle it")
+        raise IntegrationError(f"{folder}: {DCP_KEY} is not a tensor; refusing to unpickle it")
     slot = {DCP_KEY: torch.zeros(meta.size, dtype=meta.properties.dtype)}
     dcp.load(slot, storage_reader=reader, no_dist=True)
     return decode_state(slot[DCP_KEY])

@@ -21,6 +21,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.validate import Validator
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 
+from zephon_core.integration import IntegrationError
 from zephon_torchtitan.core import DEFAULT_STATE_CAPACITY, Settings, StreamLoader, ZephonStream
 
 BASE_MODELS = ("llama3", "llama4", "qwen3", "deepseek_v3")
@@ -51,7 +52,7 @@ class JobConfig:
     zephon: ZephonSection = field(default_factory=ZephonSection)
 
 
-_TYPES = {"recipe": str, "validation_recipe": str, "canonical_replicas": int, "aggregate_dir": str, "run_id": str,
+_TYPES: dict[str, type | tuple[type, ...]] = {"recipe": str, "validation_recipe": str, "canonical_replicas": int, "aggregate_dir": str, "run_id": str,
           "aggregate_timeout_s": (int, float), "state_capacity_bytes": int}
 
 
@@ -59,11 +60,11 @@ def settings_from(job_config: Any) -> Settings:
     """Our section, type-checked: TorchTitan 0.2 only warns about wrong types in custom sections."""
     section = getattr(job_config, "zephon", None)
     if section is None:
-        raise ValueError("zephon: the job has no [zephon] section; set [job] custom_config_module = \"zephon_torchtitan.tt02\"")
+        raise IntegrationError("zephon: the job has no [zephon] section; set [job] custom_config_module = \"zephon_torchtitan.tt02\"")
     for name, kind in _TYPES.items():
         value = getattr(section, name)
         if isinstance(value, bool) or not isinstance(value, kind):
-            raise ValueError(f"zephon: [zephon] {name} must be {getattr(kind, '__name__', 'a number')}, got {value!r}")
+            raise IntegrationError(f"zephon: [zephon] {name} must be {getattr(kind, '__name__', 'a number')}, got {value!r}")
     return Settings(
         recipe=section.recipe,
         canonical_replicas=section.canonical_replicas,
@@ -106,7 +107,7 @@ class ZephonValidator(Validator):
                  pp_has_first_stage: bool | None = None, pp_has_last_stage: bool | None = None, **kwargs: Any) -> None:
         settings = settings_from(job_config)
         if not job_config.zephon.validation_recipe:
-            raise ValueError("zephon: [validation] is enabled; set [zephon] validation_recipe to a held-out TOML data recipe")
+            raise IntegrationError("zephon: [validation] is enabled; set [zephon] validation_recipe to a held-out TOML data recipe")
         self.job_config = job_config
         self.tokenizer = tokenizer
         self.parallel_dims = parallel_dims

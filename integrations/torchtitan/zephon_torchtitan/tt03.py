@@ -1,47 +1,54 @@
-"""TorchTitan 0.3.x: the loader class, its Config and the trainer lookup."""
+"""TorchTitan 0.3.x: the loader class and its Config, and the Trainer that tells it the batch sizes.
+
+TorchTitan 0.3.0 builds a loader with ``dp_world_size, dp_rank, tokenizer,
+seq_len, local_batch_size, snapshot_every_n_steps`` only: not with the global
+batch size that the step-size rule needs. Two explicit ways give it to the
+loader (tested against torchtitan 0.3.0):
+
+* ``ZephonTrainer`` (used by this package's recipes, ``--module zephon_torchtitan``)
+  copies ``training.global_batch_size`` and ``training.local_batch_size`` into
+  every Zephon loader config of the job before TorchTitan builds anything, so
+  they are the values after every CLI flag;
+* with ``--override.imports`` on any other recipe, pass ``"global_batch_size": N``
+  (the value of ``--training.global_batch_size``) among the override's kwargs.
+
+A loader that learns neither warns on rank 0 that the rule is not checked.
+"""
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
 from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.trainer import Trainer
 
-from zephon_torchtitan.core import DEFAULT_STATE_CAPACITY, Settings, StreamLoader, ZephonStream
+from zephon_core.integration import IntegrationError, warn_unknown_step_size
+from zephon_torchtitan.core import DEFAULT_STATE_CAPACITY, Settings, StreamLoader, ZephonStream, coordination_identity
 
 
-def _building_trainer() -> Any | None:
-    """The Trainer whose ``__init__`` is building this loader, if any.
+def batches_per_optimizer_step(global_batch_size: int, training_local_batch_size: int, local_batch_size: int,
+                               dp_world_size: int) -> int | None:
+    """Batches all data-parallel ranks consume per optimizer step, or None when the trainer's sizes are unknown.
 
-    TorchTitan 0.3 does not pass the global batch size or the pipeline
-    microbatch count to a loader, but the Trainer has computed both before it
-    builds the loader, so the start-up validator reads them from it.
+    ``local_batch_size`` is the loader's (the pipeline micro-batch size under
+    pipeline parallelism); a negative ``global_batch_size`` is TorchTitan's
+    default, ``training.local_batch_size x dp``.
     """
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            owner = frame.f_locals.get("self")
-            if owner is not None and hasattr(owner, "gradient_accumulation_steps") and hasattr(owner, "parallel_dims"):
-                return owner
-            frame = frame.f_back
-    finally:
-        del frame
+    if global_batch_size > 0:
+        return global_batch_size // local_batch_size
+    if global_batch_size < 0 and training_local_batch_size > 0:
+        return training_local_batch_size * dp_world_size // local_batch_size
     return None
 
 
-def batches_per_optimizer_step(global_batch_size: int, local_batch_size: int, dp_world_size: int) -> int | None:
-    """Batches all data-parallel ranks consume per optimizer step."""
-    if global_batch_size > 0:
-        return global_batch_size // local_batch_size
-    trainer = _building_trainer()
-    if trainer is None:
-        return None
-    return trainer.gradient_accumulation_steps * getattr(trainer, "num_pipeline_parallel_microbatches", 1) * dp_world_size
-
-
 class ZephonDataLoader(StreamLoader, BaseDataLoader):
-    """Zephon's deterministic, elastic loader in TorchTitan 0.3's loader slot."""
+    """Zephon's deterministic, elastic loader in TorchTitan 0.3's loader slot.
+
+    ``snapshot_every_n_steps`` (what TorchTitan passes when checkpointing is on)
+    is honoured by construction: the state is exact after every batch, so a
+    checkpoint at any step resumes at exactly the next batch.
+    """
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
@@ -56,7 +63,9 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
         aggregate_timeout_s: float = 0.0
         """Seconds rank 0 waits for the others at a checkpoint; 0 takes the recipe's (default 180)."""
         global_batch_size: int = 0
-        """Only when the loader is built outside a Trainer: samples per optimizer step."""
+        """training.global_batch_size, for the step-size rule: ZephonTrainer fills it; pass it with --override.imports."""
+        training_local_batch_size: int = 0
+        """training.local_batch_size (ZephonTrainer fills it): resolves a negative (default) global_batch_size."""
         state_capacity_bytes: int = DEFAULT_STATE_CAPACITY
         """Fixed size of the checkpoint slot; keep it equal between a save and its resume."""
         infinite: bool = True
@@ -74,16 +83,26 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
         snapshot_every_n_steps: int | None = None,
         **kwargs: Any,
     ) -> None:
+        if snapshot_every_n_steps is not None and (isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps, int)
+                                                   or snapshot_every_n_steps < 1):
+            raise IntegrationError(f"zephon: snapshot_every_n_steps must be a positive integer or None, got {snapshot_every_n_steps!r}")
         settings = Settings(
             recipe=config.recipe,
             canonical_replicas=config.canonical_replicas,
             aggregate_dir=config.aggregate_dir,
             run_id=config.run_id,
             aggregate_timeout_s=config.aggregate_timeout_s,
-            global_batch_size=config.global_batch_size,
             state_capacity_bytes=config.state_capacity_bytes,
         )
         validation = not config.infinite
+        batches_per_step = None
+        if not validation:
+            batches_per_step = batches_per_optimizer_step(config.global_batch_size, config.training_local_batch_size,
+                                                          local_batch_size, dp_world_size)
+            if batches_per_step is None and coordination_identity()[1] == 0:
+                warn_unknown_step_size("TorchTitan", "use --module zephon_torchtitan, or pass \"global_batch_size\" (the value of "
+                                       "--training.global_batch_size) in the zephon_torchtitan.zephon_loader override's kwargs")
+        self.snapshot_every_n_steps = snapshot_every_n_steps
         self._stream = ZephonStream(
             settings,
             dp_world_size=dp_world_size,
@@ -91,6 +110,30 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
             tokenizer=tokenizer,
             seq_len=seq_len,
             local_batch_size=local_batch_size,
-            batches_per_step=None if validation else batches_per_optimizer_step(config.global_batch_size, local_batch_size, dp_world_size),
+            batches_per_step=batches_per_step,
             validation=validation,
         )
+
+
+def fill_batch_sizes(config: Trainer.Config) -> None:
+    """Copy the job's final batch sizes into each Zephon loader config of ``config`` that has none."""
+    for loader in (getattr(config, "dataloader", None), getattr(getattr(config, "validator", None), "dataloader", None)):
+        if isinstance(loader, ZephonDataLoader.Config) and loader.infinite and loader.global_batch_size == 0:
+            loader.global_batch_size = config.training.global_batch_size
+            loader.training_local_batch_size = config.training.local_batch_size
+
+
+class ZephonTrainer(Trainer):
+    """TorchTitan's Trainer, telling Zephon loaders the job's batch sizes before it builds them.
+
+    Return ``ZephonTrainer.Config`` from a recipe function (``config_registry``)
+    to use it; everything else is TorchTitan's.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        pass
+
+    def __init__(self, config: Trainer.Config) -> None:
+        fill_batch_sizes(config)
+        super().__init__(config)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-
 from megatron.core import mpu
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel

@@ -1,0 +1,105 @@
+"""The shape of zephon_core, kept: layers import only downwards, nothing imports in a circle,
+the core never imports an adapter or torch, and no module, class or function outgrows the
+sizes a reader can hold in mind (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+CORE = Path(__file__).resolve().parents[3] / "zephon_core"
+
+# Lower layers never import higher ones; a layer may import itself (checked for cycles below).
+LAYERS = ["errors", "validation", "batch", "sources", "curriculum", "lane", "checkpoint", "pipeline", "recipe", "integration", "tools"]
+RANK = {"errors": 0, "validation": 1, "batch": 1, "sources": 2, "curriculum": 3, "lane": 4, "checkpoint": 4, "pipeline": 5,
+        "recipe": 6, "integration": 7, "tools": 8}
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_INSTANCE_ATTRIBUTES = 420, 60, 12
+
+
+def modules() -> dict[str, ast.Module]:
+    out = {}
+    for path in sorted(CORE.rglob("*.py")):
+        rel = path.relative_to(CORE.parent).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        out[name] = ast.parse(path.read_text(), str(path))
+    return out
+
+
+def imports(tree: ast.Module) -> set[str]:
+    """Every module imported anywhere in the file (also inside functions)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def layer(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_every_module_belongs_to_a_layer():
+    assert sorted({layer(m) for m in modules() if m != "zephon_core"}) == sorted(LAYERS)
+
+
+def test_layers_import_only_downwards_and_never_an_adapter_or_torch():
+    bad = []
+    for name, tree in modules().items():
+        if name == "zephon_core":
+            continue
+        for imp in imports(tree):
+            top = imp.split(".")[0]
+            if top in ("torch", "torchtitan", "megatron", "zephon_torchtitan", "zephon_megatron"):
+                bad.append(f"{name} imports {imp}")
+            if top == "zephon_core" and imp != "zephon_core" and imp.count(".") >= 1 and layer(imp) in RANK:
+                if RANK[layer(imp)] > RANK[layer(name)]:
+                    bad.append(f"{name} ({layer(name)}) imports {imp} ({layer(imp)}), a higher layer")
+    assert not bad, bad
+
+
+def test_no_import_cycles_between_modules():
+    mods = modules()
+    graph = {name: {i for i in imports(tree) if i in mods and i != name and i != "zephon_core"} for name, tree in mods.items()}
+    # Package __init__ files re-export their modules; an __init__ importing its own children is not a cycle.
+    for name in graph:
+        graph[name] = {i for i in graph[name] if not i.startswith(name + ".")}
+    seen: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        if cycle:
+            return
+        seen[node] = 1
+        for nxt in sorted(graph[node]):
+            if seen.get(nxt) == 1:
+                cycle.extend(path[path.index(nxt):] + [node, nxt] if nxt in path else [node, nxt])
+                return
+            if nxt not in seen:
+                visit(nxt, path + [node])
+        seen[node] = 2
+
+    for name in sorted(graph):
+        if name not in seen:
+            visit(name, [])
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_no_module_class_or_function_outgrows_a_reader():
+    too_big = []
+    for path in sorted(CORE.rglob("*.py")):
+        text = path.read_text()
+        rel = path.relative_to(CORE.parent)
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_big.append(f"{rel}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                too_big.append(f"{rel}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+            if isinstance(node, ast.ClassDef):
+                attrs = {sub.attr for sub in ast.walk(node) if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store)
+                         and isinstance(sub.value, ast.Name) and sub.value.id == "self"}
+                if len(attrs) > MAX_INSTANCE_ATTRIBUTES:
+                    too_big.append(f"{rel}:{node.lineno} {node.name}: {len(attrs)} instance attributes")
+    assert not too_big, too_big

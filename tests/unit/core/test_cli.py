@@ -1,0 +1,131 @@
+"""The ``zephon`` command line, run as a user would (a subprocess per call)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+DEMO = ROOT / "configs" / "data" / "demo.toml"
+
+
+def zephon(*args: str, check: bool | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "integrations" / "torchtitan"), str(ROOT / "integrations" / "megatron"), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def states(tmp_path_factory):
+    """Two merged states of the demo recipe: after 1 and after 2 global steps."""
+    sys.path.insert(0, str(ROOT))
+    from zephon_core import merge_states
+    from zephon_core.recipe import load_recipe
+
+    recipe = load_recipe(DEMO)
+    out = tmp_path_factory.mktemp("states")
+    pipelines = [recipe.build_standalone(dp_degree=2, dp_group_id=g, prefetch=0) for g in range(2)]
+    iters = [iter(p) for p in pipelines]
+    paths = []
+    for step in (1, 2):
+        for it in iters:
+            for _ in range(4):
+                next(it)
+        path = out / f"step{step}.json"
+        path.write_text(json.dumps(merge_states([p.checkpoint() for p in pipelines])))
+        paths.append(path)
+    for p in pipelines:
+        p.close()
+    return paths
+
+
+@pytest.mark.parametrize("command", ["explain", "inspect", "diff", "verify-elastic", "trace"])
+def test_every_command_has_help(command):
+    r = zephon(command, "--help")
+    assert r.returncode == 0 and "usage: zephon " + command in r.stdout
+
+
+def test_usage_error_exits_2():
+    r = zephon("verify-elastic", str(DEMO))
+    assert r.returncode == 2 and "required" in r.stderr
+    assert zephon("no-such-command").returncode == 2
+
+
+def test_explain_prints_the_plan_without_data(tmp_path):
+    r = zephon("explain", str(DEMO), "--dp-degree", "4", "--world-size", "8", "--per-node", "8")
+    assert r.returncode == 0, r.stderr
+    assert "dp_group_id=0 of dp_degree=4" in r.stdout and "owned [0, 1]" in r.stdout
+    assert "per node (8 pipeline(s)): 8 thread(s)" in r.stdout  # one reader thread each; batches packed by the caller
+
+
+def test_inspect_shows_positions(states):
+    r = zephon("inspect", str(states[1]))
+    assert r.returncode == 0, r.stderr
+    assert "canonical_replicas: 8" in r.stdout
+    lanes = [line.split() for line in r.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert len(lanes) == 8 and all(row[-1] == "2" for row in lanes), lanes  # 2 batches delivered per lane
+
+
+def test_inspect_bad_file_is_one_line_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "zephon.state"')
+    r = zephon("inspect", str(bad))
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "not a JSON checkpoint state" in r.stderr
+    bad.write_text(json.dumps({"format": "zephon.state"}))
+    r = zephon("inspect", str(bad))
+    assert r.returncode == 1 and "missing field" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_diff_of_checkpoints_and_recipes(states, tmp_path):
+    same = zephon("diff", str(states[0]), str(states[0]))
+    assert same.returncode == 0 and same.stdout.strip() == "identical"
+    r = zephon("diff", str(states[0]), str(states[1]))
+    assert r.returncode == 1 and r.stdout.count("lanes[") == 8
+    other = tmp_path / "other.toml"
+    other.write_text(DEMO.read_text().replace("seed = 20261129", "seed = 5").replace('"../corpus/', f'"{ROOT}/configs/corpus/'))
+    r = zephon("diff", str(DEMO), str(other))
+    assert r.returncode == 1 and "seed: 20261129 vs 5" in r.stdout
+
+
+def test_verify_elastic_passes_and_fails_with_the_first_step():
+    ok = zephon("verify-elastic", str(DEMO), "--canonical-replicas", "8", "--from", "8", "--to", "2",
+                "--checkpoint-step", "2", "--steps", "4", "--batches-per-step", "8", "--progress")
+    assert ok.returncode == 0 and ok.stdout.startswith("ok: 4 global steps identical"), ok.stdout + ok.stderr
+    assert "4/4 reference" in ok.stderr or "8/8" in ok.stderr  # the progress bar
+    bad = zephon("verify-elastic", str(DEMO), "--canonical-replicas", "8", "--from", "4", "--to", "2",
+                 "--checkpoint-step", "2", "--steps", "4", "--batches-per-step", "4")
+    assert bad.returncode == 1 and "MISMATCH at global step 3" in bad.stdout
+
+
+def test_trace_lists_documents_of_a_step():
+    r = zephon("trace", str(DEMO), "--step", "2", "--batches-per-step", "8")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("global step 2: 8 batches")
+    rows = [line for line in r.stdout.splitlines() if line.strip().startswith("row ")]
+    assert len(rows) == 16 and all("stdlib_docs.jsonl#" in row for row in rows)
+
+
+def test_trace_rejects_a_step_size_that_is_not_topology_free():
+    r = zephon("trace", str(DEMO), "--step", "1", "--batches-per-step", "4")
+    assert r.returncode == 1 and "multiple of canonical_replicas 8" in r.stderr
+
+
+def test_framework_checkpoints_are_read_by_registered_readers_not_by_importing_adapters(tmp_path):
+    from zephon_core.tools.state_readers import StateReader, StateReadError, load_state, registered
+
+    # The adapters register theirs as entry points of the installed distribution.
+    assert {"torchtitan", "megatron"} <= {r.name for r in registered()}
+    folder = tmp_path / "step-4"
+    folder.mkdir()
+    seen = []
+    reader = StateReader("fake", "a fake checkpoint folder", claims=lambda p: p.endswith("step-4"), read=lambda p: seen.append(p) or {"a": 1})
+    assert load_state(str(folder), [reader]) == {"a": 1} and seen == [str(folder)]
+    with pytest.raises(StateReadError, match="no installed adapter reads it"):
+        load_state(str(folder), [])
+    r = zephon("inspect", str(folder))  # the TorchTitan reader claims folders; this one is not a DCP checkpoint
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "not a DCP checkpoint folder" in r.stderr, r.stderr

@@ -1,0 +1,69 @@
+"""Merging per-group checkpoint states into one, and explaining how two definitions differ."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from zephon_core.checkpoint.state import LaneState, make_state, parse_lanes, verify_checksum
+from zephon_core.errors import StateError
+
+
+def merge_states(
+    states: Iterable[Mapping[str, Any]], *, world_size: int | None = None, labels: Iterable[str] | None = None
+) -> dict[str, Any]:
+    """Union the lanes of per-group states of one run into one state.
+
+    States that carry the same lane (data-parallel peers) must agree on it
+    exactly; otherwise they were not taken at the same step. ``labels`` name
+    the states in error messages (default ``state 0``, ``state 1``, ...).
+    """
+    states = list(states)
+    if not states:
+        raise StateError("nothing to merge")
+    names = list(labels) if labels is not None else [f"state {n}" for n in range(len(states))]
+    first = states[0]
+    parse_lanes(first)
+    merged: dict[int, LaneState] = {}
+    owner: dict[int, int] = {}
+    for n, st in enumerate(states):
+        lanes = parse_lanes(st)
+        verify_checksum(st)
+        if st["fingerprint"] != first["fingerprint"]:
+            raise StateError(f"{names[n]} has a different data definition than {names[0]}: {'; '.join(diff_definitions(first['definition'], st['definition'])[:3])}")
+        if st["canonical_replicas"] != first["canonical_replicas"]:
+            raise StateError(f"{names[n]} has canonical_replicas={st['canonical_replicas']}, {names[0]} has {first['canonical_replicas']}")
+        for lane, ls in lanes.items():
+            if lane in merged and merged[lane] != ls:
+                raise StateError(
+                    f"lane {lane} differs between {names[owner[lane]]} ({tuple(merged[lane].cursor)}, {merged[lane].delivered} delivered) "
+                    f"and {names[n]} ({tuple(ls.cursor)}, {ls.delivered} delivered): ranks did not checkpoint at the same step"
+                )
+            merged[lane] = ls
+            owner.setdefault(lane, n)
+    degrees = [st["topology"].get("dp_degree") for st in states if isinstance(st["topology"].get("dp_degree"), int)]
+    topo = {"dp_degree": max(degrees) if degrees else None, "world_size": world_size or first["topology"].get("world_size")}
+    return make_state(first["definition"], first["canonical_replicas"], topo, merged)
+
+
+def diff_definitions(a: Any, b: Any, path: str = "") -> list[str]:
+    """Human-readable differences between two definitions (or any JSON values)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            p = f"{path}.{k}" if path else str(k)
+            if k not in a:
+                out.append(f"{p}: only in the second ({b[k]!r})")
+            elif k not in b:
+                out.append(f"{p}: only in the first ({a[k]!r})")
+            else:
+                out.extend(diff_definitions(a[k], b[k], p))
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        out = []
+        if len(a) != len(b):
+            out.append(f"{path}: {len(a)} entries vs {len(b)}")
+        for n, (x, y) in enumerate(zip(a, b)):
+            out.extend(diff_definitions(x, y, f"{path}[{n}]"))
+        return out
+    return [] if a == b else [f"{path}: {a!r} vs {b!r}"]

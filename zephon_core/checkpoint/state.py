@@ -1,0 +1,126 @@
+"""The checkpoint state: its schema and strict validation (merging is in ``merge``).
+
+A state is plain JSON data (no pickle, nothing executable):
+
+    {"format": "zephon.state", "version": 1,
+     "fingerprint": sha256 of the canonical JSON of "definition",
+     "definition": {...everything that defines the data...},
+     "canonical_replicas": C,
+     "topology": {"dp_degree": G, "world_size": W, ...},
+     "lanes": {"<lane>": {"cursor": [chunk, document, token, delivered_in_window],
+                          "delivered": batches delivered}},
+     "checksum": sha256 of the canonical JSON of all the other fields}
+
+A per-group state holds the lanes that group owns; merging states takes the
+union of their lanes, and a merged state restores on any topology.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from zephon_core.batch import Cursor
+from zephon_core.errors import StateError
+from zephon_core.validation import require_int
+
+FORMAT = "zephon.state"
+VERSION = 1
+_TOP_KEYS = {"format", "version", "fingerprint", "definition", "canonical_replicas", "topology", "lanes", "checksum"}
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def fingerprint_of(definition: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(definition).encode()).hexdigest()
+
+
+def checksum_of(state: Mapping[str, Any]) -> str:
+    """Covers every field, so a flipped bit in a cursor is caught, not restored."""
+    return hashlib.sha256(canonical_json({k: v for k, v in state.items() if k != "checksum"}).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class LaneState:
+    """One lane's progress: where it stands and how many batches it delivered."""
+
+    cursor: Cursor
+    delivered: int
+
+
+def _int(value: Any, where: str, minimum: int = 0) -> int:
+    if not isinstance(value, int):  # JSON integers only: a NumPy integer here means the state was not loaded from JSON
+        raise StateError(f"state field {where} must be an integer, got {type(value).__name__} {value!r}")
+    return require_int(value, f"state field {where}", minimum, error=StateError)
+
+
+def parse_lanes(state: Mapping[str, Any]) -> dict[int, LaneState]:
+    """Validate a whole state and return its lanes; every problem names its field."""
+    if not isinstance(state, Mapping):
+        raise StateError(f"a checkpoint state must be a dict, got {type(state).__name__}")
+    missing = sorted(_TOP_KEYS - state.keys())
+    if missing:
+        raise StateError(f"state is missing field(s): {', '.join(missing)}")
+    extra = sorted(set(state.keys()) - _TOP_KEYS)
+    if extra:
+        raise StateError(f"state has unknown field(s): {', '.join(map(str, extra))}")
+    if state["format"] != FORMAT:
+        raise StateError(f"state field format must be {FORMAT!r}, got {state['format']!r}")
+    if state["version"] != VERSION:
+        raise StateError(f"state field version {state['version']!r} is not supported (this Zephon reads version {VERSION})")
+    if not isinstance(state["definition"], Mapping):
+        raise StateError("state field definition must be a dict")
+    if not isinstance(state["fingerprint"], str) or state["fingerprint"] != fingerprint_of(state["definition"]):
+        raise StateError("state field fingerprint does not match its definition: the state was altered or corrupted")
+    C = _int(state["canonical_replicas"], "canonical_replicas", 1)
+    if not isinstance(state["topology"], Mapping):
+        raise StateError("state field topology must be a dict")
+    lanes_raw = state["lanes"]
+    if not isinstance(lanes_raw, Mapping):
+        raise StateError("state field lanes must be a dict")
+    lanes: dict[int, LaneState] = {}
+    for key, value in lanes_raw.items():
+        where = f"lanes[{key!r}]"
+        if not isinstance(key, str) or not key.isdigit() or int(key) >= C:
+            raise StateError(f"state field {where}: lane must be a number below canonical_replicas={C}")
+        if not isinstance(value, Mapping) or set(value.keys()) != {"cursor", "delivered"}:
+            raise StateError(f"state field {where} must have exactly the fields cursor and delivered")
+        cur = value["cursor"]
+        if not isinstance(cur, list) or len(cur) != 4:
+            raise StateError(f"state field {where}.cursor must be a list of 4 integers")
+        cursor = Cursor(*(_int(c, f"{where}.cursor[{n}]") for n, c in enumerate(cur)))
+        lanes[int(key)] = LaneState(cursor, _int(value["delivered"], f"{where}.delivered"))
+    return lanes
+
+
+def verify_checksum(state: Mapping[str, Any]) -> None:
+    """Refuse a structurally valid state whose content was altered (a flipped bit, an edit).
+
+    Called after the field-by-field checks, so a malformed state is reported
+    by the field at fault and only a silent change of value ends up here.
+    """
+    try:
+        intact = state["checksum"] == checksum_of(state)
+    except (TypeError, ValueError):  # not JSON data at all
+        intact = False
+    if not intact:
+        raise StateError("state field checksum does not match its content: the state was altered or corrupted")
+
+
+def make_state(definition: Mapping[str, Any], C: int, topology: Mapping[str, Any], lanes: Mapping[int, LaneState]) -> dict[str, Any]:
+    state = {
+        "format": FORMAT,
+        "version": VERSION,
+        "fingerprint": fingerprint_of(definition),
+        "definition": json.loads(canonical_json(definition)),
+        "canonical_replicas": C,
+        "topology": dict(topology),
+        "lanes": {str(lane): {"cursor": list(ls.cursor), "delivered": ls.delivered} for lane, ls in sorted(lanes.items())},
+    }
+    state["checksum"] = checksum_of(state)
+    return state

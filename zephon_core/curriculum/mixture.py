@@ -1,0 +1,203 @@
+"""The curriculum: one global sequence of work chunks over weighted sources.
+
+Chunk ``g`` is a pure function of the recipe, the seed and ``g``. Every source
+contributes a fixed number of documents to every chunk (its weight's
+largest-remainder share of ``chunk_size``), so source ``s`` has used exactly
+``g * count[s]`` documents before chunk ``g`` and no chunk depends on the ones
+before it. Position ``p`` of a source's infinite stream is document
+``perm_{s, p // n}(p % n)``: a fresh O(1)-memory permutation per epoch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zephon_core.curriculum.permutation import IndexPermutation, derive_key, permute_rows
+from zephon_core.errors import ConfigError
+from zephon_core.sources.base import Source
+from zephon_core.validation import is_int, require_choice, require_int, require_positive_number
+
+EXHAUSTION_POLICIES = ("repeat", "stop")
+
+
+@functools.lru_cache(maxsize=64)
+def _permutation(n: int, key: int) -> IndexPermutation:
+    """Permutation objects are immutable; caching them saves 7 blake2b key derivations per chunk."""
+    return IndexPermutation(n, key)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Documents of one chunk as parallel arrays, in delivery order."""
+
+    index: int
+    sources: np.ndarray  # source number per document
+    documents: np.ndarray  # document number within that source
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+
+def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
+    """Integer shares of ``total`` proportional to ``weights`` (Hamilton's method)."""
+    s = math.fsum(weights)
+    quotas = [w / s * total for w in weights]
+    counts = [math.floor(q) for q in quotas]
+    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+class StaticMixture:
+    """A fixed-weight mixture of sources, cut into chunks of ``chunk_size`` documents.
+
+    Args:
+        sources: the sources to mix.
+        weights: one positive, finite weight per source (default: equal).
+        seed: selects the per-epoch permutations and the interleave of each chunk.
+        chunk_size: documents per chunk; a source's share of a chunk is its
+            weight's share of ``chunk_size``, so weights are resolved to
+            ``1/chunk_size``.
+        exhausted: ``"repeat"`` starts a new epoch of a source with a fresh
+            permutation; ``"stop"`` ends the curriculum when the first source
+            runs out (its last chunk is partial: no document of that source is
+            dropped).
+        shuffle: permute documents within each epoch (``False`` reads in file order).
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        weights: Sequence[float] | None = None,
+        *,
+        seed: int = 0,
+        chunk_size: int = 64,
+        exhausted: str = "repeat",
+        shuffle: bool = True,
+    ) -> None:
+        sources = list(sources)
+        if not sources:
+            raise ConfigError("StaticMixture needs at least one source")
+        if weights is None:
+            weights = [1.0] * len(sources)
+        weights = list(weights)
+        if len(weights) != len(sources):
+            raise ConfigError(f"StaticMixture: {len(weights)} weights for {len(sources)} sources")
+        for i, w in enumerate(weights):
+            require_positive_number(w, f"weights[{i}] (source {sources[i].name!r})")
+        # Plain Python numbers: NumPy scalars are accepted but must not leak into the JSON state.
+        weights = [int(w) if is_int(w) else float(w) for w in weights]
+        chunk_size = require_int(chunk_size, "chunk_size", 1)
+        require_choice(exhausted, "exhausted", EXHAUSTION_POLICIES)
+        seed = require_int(seed, "seed")
+        counts = largest_remainder(weights, chunk_size)
+        for i, c in enumerate(counts):
+            if c == 0:
+                raise ConfigError(
+                    f"weights[{i}] (source {sources[i].name!r}) is too small to get one document of a chunk of "
+                    f"{chunk_size}; raise chunk_size to at least {math.ceil(math.fsum(weights) / weights[i])}"
+                )
+        self.sources = sources
+        self.weights = weights
+        self.seed = seed
+        self.chunk_size = chunk_size
+        self.exhausted = exhausted
+        self.shuffle = shuffle
+        self.counts = counts
+        self._sizes = [len(s) for s in sources]
+        self._num_chunks = None if exhausted == "repeat" else min(math.ceil(n / c) for n, c in zip(self._sizes, counts))
+
+    @property
+    def chunks_per_epoch(self) -> int:
+        """Chunks after which every source has been through all its documents at least once."""
+        return max(math.ceil(n / c) for n, c in zip(self._sizes, self.counts))
+
+    @property
+    def num_chunks(self) -> int | None:
+        """Chunks in the curriculum, or None when it repeats forever."""
+        return self._num_chunks
+
+    def _positions(self, s: int, g: int) -> np.ndarray:
+        return self._positions_many(s, [g])[0]
+
+    def _positions_many(self, s: int, gs: Sequence[int]) -> list[np.ndarray]:
+        """Documents of source ``s`` in chunks ``gs``: one permutation pass for all of them.
+
+        A permutation pass costs ~80 NumPy calls whatever the number of indices
+        (plus cycle walking), so mapping the positions of many chunks at once is
+        much cheaper than one chunk at a time; the values are the same.
+        """
+        n, c = self._sizes[s], self.counts[s]
+        p = (np.asarray(gs, dtype=np.int64)[:, None] * c + np.arange(c, dtype=np.int64)).ravel()
+        if not self.shuffle:
+            out = p % n
+        else:
+            out = np.empty_like(p)
+            epochs = p // n
+            for e in np.unique(epochs):
+                sel = epochs == e
+                out[sel] = _permutation(n, derive_key("epoch", self.seed, s, int(e))).take(p[sel] % n)
+        rows = out.reshape(len(gs), c)
+        if self._num_chunks is None:
+            return list(rows)
+        pos = p.reshape(len(gs), c)
+        return [r[q < n] for r, q in zip(rows, pos)]
+
+    def chunk(self, g: int) -> Chunk | None:
+        """Chunk ``g``, or None past the end of a finite curriculum."""
+        return self.chunks([g])[0]
+
+    def chunks(self, gs: Sequence[int]) -> list[Chunk | None]:
+        """``[self.chunk(g) for g in gs]``, computed together (same values, far fewer NumPy calls)."""
+        for g in gs:
+            if g < 0:
+                raise IndexError(g)
+        live = [g for g in gs if self._num_chunks is None or g < self._num_chunks]
+        per_source = [self._positions_many(s, live) for s in range(len(self.sources))] if live else []
+        unmixed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for j, g in enumerate(live):
+            srcs, docs = [], []
+            for s in range(len(self.sources)):
+                d = per_source[s][j]
+                srcs.append(np.full(len(d), s, dtype=np.int64))
+                docs.append(d)
+            unmixed[g] = (np.concatenate(srcs), np.concatenate(docs))
+        by_g: dict[int, Chunk] = {}
+        # Interleave: chunks of the same size share one batched permutation pass.
+        by_size: dict[int, list[int]] = {}
+        for g, (src, _) in unmixed.items():
+            by_size.setdefault(len(src), []).append(g)
+        for size, group in by_size.items():
+            if not self.shuffle or size < 2:
+                orders = [None] * len(group)
+            else:
+                keys = [derive_key("interleave", self.seed, g) for g in group]
+                orders = list(permute_rows(size, keys, np.broadcast_to(np.arange(size), (len(group), size))))
+            for g, order in zip(group, orders):
+                src, doc = unmixed[g]
+                by_g[g] = Chunk(g, src, doc) if order is None else Chunk(g, src[order], doc[order])
+        return [by_g.get(g) for g in gs]
+
+    def definition(self) -> dict[str, Any]:
+        """Everything that defines the curriculum, for fingerprints and diffs."""
+        return {
+            "kind": "static_mixture",
+            "seed": self.seed,
+            "chunk_size": self.chunk_size,
+            "exhausted": self.exhausted,
+            "shuffle": self.shuffle,
+            "sources": [{"name": s.name, "weight": w, **s.fingerprint()} for s, w in zip(self.sources, self.weights)],
+        }
+
+    def describe(self) -> list[str]:
+        lines = [f"StaticMixture(seed={self.seed}, chunk_size={self.chunk_size}, exhausted={self.exhausted!r})"]
+        for s, w, c in zip(self.sources, self.weights, self.counts):
+            lines.append(f"  {s.describe()}  weight={w:g} -> {c}/{self.chunk_size} per chunk")
+        return lines

@@ -1,0 +1,157 @@
+"""What every training-framework adapter needs from the core, in one place.
+
+An adapter translates framework facts (mesh sizes, batch sizes, its own flag
+names) into these calls and nothing more:
+
+* ``load_training_recipe``: a data recipe for a framework, which supplies the
+  tokenizer, sequence length and batch size itself (so ``[standalone]`` is refused);
+* ``resolve_coordination``: ``canonical_replicas``, the aggregation folder,
+  ``run_id`` and timeout, from the adapter's options, the recipe, a resumed
+  state and the data-parallel degree, in that order of precedence;
+* ``topology_problems`` / ``refuse``: the start-up rules of the elastic
+  guarantee, every broken one reported at once, worded in the framework's terms;
+* ``IntegrationError``: the one error type of an adapter's refusals.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from zephon_core.errors import ConfigError
+from zephon_core.recipe import Recipe, load_recipe
+
+
+class IntegrationError(ConfigError):
+    """A training run an adapter refuses to start, or a loader state it cannot use."""
+
+
+def load_training_recipe(path: str | os.PathLike[str], *, framework: str, role: str = "a training recipe",
+                         error: type[IntegrationError] = IntegrationError) -> Recipe:
+    """The recipe at ``path``, refused (as ``error``) if it has a ``[standalone]`` section: the framework supplies those values."""
+    if not str(path):
+        raise error("zephon: no data recipe given; pass recipe=<path to a TOML data recipe>")
+    recipe = load_recipe(path)
+    if recipe.spec.standalone is not None:
+        raise error(
+            f"{path}: standalone: {framework} supplies the tokenizer, sequence length and batch size; "
+            f"remove the [standalone] section from a recipe used as {role}"
+        )
+    return recipe
+
+
+@dataclass(frozen=True)
+class Coordination:
+    """How this run's pipelines checkpoint together, resolved from every place it can be set."""
+
+    canonical_replicas: int
+    aggregate_dir: str | None
+    run_id: str | None
+    aggregate_timeout_s: float
+
+
+def resolve_coordination(
+    recipe: Recipe,
+    *,
+    dp_degree: int,
+    canonical_replicas: int | None = None,
+    aggregate_dir: str | None = None,
+    run_id: str | None = None,
+    aggregate_timeout_s: float | None = None,
+    resumed_state: Mapping[str, Any] | None = None,
+) -> Coordination:
+    """Adapter options (None or empty: unset) win over the recipe; ``canonical_replicas`` then
+    falls back to a resumed state's, then to ``dp_degree`` (the first run's)."""
+    spec = recipe.spec
+    C = canonical_replicas or spec.canonical_replicas
+    if not C and resumed_state is not None:
+        C = int(resumed_state["canonical_replicas"])
+    folder = aggregate_dir or (recipe.resolve(spec.aggregate.dir) if spec.aggregate.dir else None)
+    return Coordination(
+        canonical_replicas=int(C or dp_degree),
+        aggregate_dir=folder,
+        run_id=run_id or spec.aggregate.run_id,
+        aggregate_timeout_s=float(aggregate_timeout_s or spec.aggregate.timeout_s),
+    )
+
+
+@dataclass(frozen=True)
+class Terms:
+    """A framework's names for what the topology rules talk about, so that each message says what to change."""
+
+    dp: str  # what it calls the data-parallel degree, e.g. "data-parallel size"
+    canonical_replicas: str  # where a user sets canonical_replicas, e.g. "--zephon-canonical-replicas"
+    aggregate_dir: str  # where a user sets the aggregation folder
+    run_id: str  # and the run id
+    step: Callable[[int], str]  # batches per optimizer step -> how the framework computes them
+    step_fix: Callable[[int, int], str]  # (canonical_replicas, batches per step) -> which setting to change, to what
+    dp_detail: str = ""  # after the degree, e.g. " (dp_replicate x dp_shard)"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The facts of a run that decide whether it stays inside the elastic guarantee."""
+
+    dp_degree: int
+    canonical_replicas: int | None  # None: not known yet
+    batches_per_step: int | None  # over all data-parallel groups; None: not known
+    world_size: int = 1  # pipelines that checkpoint together
+    aggregate_dir: str | None = None
+    run_id: str | None = None
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def topology_problems(t: Topology, terms: Terms) -> list[str]:
+    """Every rule ``t`` breaks, one sentence each (empty when the run may start)."""
+    out: list[str] = []
+    C, dp = t.canonical_replicas, t.dp_degree
+    if C is not None and C < 1:
+        out.append(f"canonical_replicas={C} must be at least 1")
+    elif C is not None and C % dp:
+        out.append(
+            f"canonical_replicas={C} is not divisible by the {terms.dp} {dp}{terms.dp_detail}: each data-parallel group must own "
+            f"the same number of lanes; run with a {terms.dp} among {divisors(C)}, or start a new run with "
+            f"{terms.canonical_replicas} set to a multiple of {dp} (it cannot change during a run)"
+        )
+    elif C is not None and t.batches_per_step is not None and t.batches_per_step % C:
+        out.append(
+            f"one optimizer step consumes {terms.step(t.batches_per_step)}, which is not a multiple of canonical_replicas={C}; "
+            f"{terms.step_fix(C, t.batches_per_step)} so every step holds the same samples after a resize"
+        )
+    if t.world_size > 1 and (not t.aggregate_dir or not t.run_id):
+        missing = " and ".join(name for name, value in ((terms.aggregate_dir, t.aggregate_dir), (terms.run_id, t.run_id)) if not value)
+        out.append(
+            f"{t.world_size} pipelines checkpoint together, merging their progress through a shared folder: set {missing} "
+            "(or [aggregate] dir and run_id in the recipe)"
+        )
+    return out
+
+
+def next_multiple(value: int, of: int) -> int:
+    """The smallest positive multiple of ``of`` that is at least ``value``."""
+    return of * max(1, -(-value // of))
+
+
+def refuse(problems: list[str], error: type[IntegrationError] = IntegrationError) -> None:
+    """Raise ``error`` naming every problem (nothing when there is none)."""
+    if len(problems) == 1:
+        raise error(f"zephon: {problems[0]}")
+    if problems:
+        raise error("zephon: this run cannot start:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def warn_unknown_step_size(framework: str, how: str) -> None:
+    """Say loudly, once per process, that the step-size rule could not be checked."""
+    import warnings
+
+    warnings.warn(
+        f"zephon: {framework} did not tell the loader how many batches one optimizer step consumes, so the rule that it is "
+        f"a multiple of canonical_replicas (needed for identical steps after a resize) is NOT checked; {how}",
+        RuntimeWarning,
+        stacklevel=3,
+    )

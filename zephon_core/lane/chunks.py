@@ -1,0 +1,43 @@
+"""The chunks of one lane: lane chunk ``k`` is global chunk ``lane + k * C`` of the work source."""
+
+from __future__ import annotations
+
+import threading
+
+from zephon_core.curriculum.mixture import Chunk, StaticMixture
+
+# Chunk descriptors a lane computes at once (see StaticMixture.chunks): a few KB of indices.
+# The first call computes only 2, so that a (re)start does not wait for 32.
+DESCRIPTOR_BATCH = 32
+FIRST_DESCRIPTOR_BATCH = 2
+
+
+class LaneChunks:
+    """Chunk descriptors of one lane, computed in batches and kept for a while.
+
+    ``chunks[k]`` is lane chunk ``k`` (None past the end of a finite
+    curriculum). Safe to use from the reader threads and the caller at once.
+    """
+
+    def __init__(self, work_source: StaticMixture, lane: int, canonical_replicas: int) -> None:
+        self.work_source = work_source
+        self.lane = lane
+        self._stride = canonical_replicas
+        self._cache: dict[int, Chunk | None] = {}
+        self._lock = threading.Lock()
+        self._batch = FIRST_DESCRIPTOR_BATCH
+
+    def __getitem__(self, k: int) -> Chunk | None:
+        with self._lock:
+            if k not in self._cache:
+                for old in [c for c in self._cache if c < k - DESCRIPTOR_BATCH]:
+                    del self._cache[old]
+                ks = range(k, k + self._batch)
+                self._batch = DESCRIPTOR_BATCH
+                self._cache.update(zip(ks, self.work_source.chunks([self.lane + j * self._stride for j in ks])))
+            return self._cache[k]
+
+    @property
+    def per_epoch(self) -> int:
+        """Global chunks after which every source has been through all its documents."""
+        return self.work_source.chunks_per_epoch

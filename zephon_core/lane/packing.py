@@ -1,0 +1,264 @@
+"""Packing a lane's documents into rows of ``seq_len + 1`` tokens.
+
+Both packers consume pieces (``zephon_core.lane.pieces``) in lane order and emit
+``RowBlock``s: rows as 2-D arrays with their provenance and, for every row,
+the packer position right after it. That position is the lane's cursor: a
+packer started there produces exactly the rows that followed.
+
+``concat`` rows are consecutive windows of the lane's token stream, so a
+whole piece is cut with a handful of NumPy calls. ``pad`` keeps documents
+whole (a document longer than a row is split) and is packed document by
+document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from zephon_core.lane.pieces import Piece
+from zephon_core.sources.base import gather_index
+
+
+class Position(NamedTuple):
+    """Where a lane's packer stands: the next token it reads."""
+
+    chunk: int  # lane-local chunk number
+    document: int  # document within that chunk
+    token: int  # tokens of that document already consumed
+
+    @classmethod
+    def of(cls, row: np.ndarray) -> Position:
+        """A position from one row of a ``RowBlock.ends`` array."""
+        return cls(int(row[0]), int(row[1]), int(row[2]))
+
+
+@dataclass
+class RowBlock:
+    """Consecutive rows of one lane."""
+
+    tokens: np.ndarray  # [n, W] int64
+    positions: np.ndarray  # [n, W] int64, restarting at 0 at each row and document boundary
+    valid: np.ndarray  # [n, W] bool, False on padding
+    segments: np.ndarray  # [s, 5] int64 (row, source, document, start, stop), ordered by row
+    ends: np.ndarray  # [n, 3] int64, the packer position after each row
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def rows(self, a: int, b: int) -> RowBlock:
+        """Rows ``a..b-1`` (views)."""
+        if a == 0 and b == len(self):
+            return self
+        seg = self.segments
+        lo, hi = np.searchsorted(seg[:, 0], (a, b))
+        part = seg[lo:hi].copy()
+        part[:, 0] -= a
+        return RowBlock(self.tokens[a:b], self.positions[a:b], self.valid[a:b], part, self.ends[a:b])
+
+    def permuted(self, order: np.ndarray) -> RowBlock:
+        """Row ``j`` of the result is row ``order[j]`` of this block."""
+        seg = self.segments
+        first = np.searchsorted(seg[:, 0], np.arange(len(self) + 1))
+        counts = np.diff(first)[order]
+        moved = seg[gather_index(first[:-1][order], counts)]
+        moved[:, 0] = np.repeat(np.arange(len(order), dtype=np.int64), counts)
+        return RowBlock(self.tokens[order], self.positions[order], self.valid[order], moved, self.ends[order])
+
+    @staticmethod
+    def join(blocks: list[RowBlock]) -> RowBlock:
+        if len(blocks) == 1:
+            return blocks[0]
+        shifted = []
+        base = 0
+        for b in blocks:
+            seg = b.segments.copy()
+            seg[:, 0] += base
+            shifted.append(seg)
+            base += len(b)
+        return RowBlock(
+            np.concatenate([b.tokens for b in blocks]),
+            np.concatenate([b.positions for b in blocks]),
+            np.concatenate([b.valid for b in blocks]),
+            np.concatenate(shifted),
+            np.concatenate([b.ends for b in blocks]),
+        )
+
+
+_ARANGE = np.arange(1 << 16, dtype=np.int64)
+_ARANGE.flags.writeable = False
+
+
+def _arange(n: int) -> np.ndarray:
+    """``np.arange(n)`` as a read-only view of a shared array (saves a pass per piece)."""
+    global _ARANGE
+    a = _ARANGE
+    if len(a) < n:
+        a = np.arange(max(n, 2 * len(a)), dtype=np.int64)
+        a.flags.writeable = False
+        _ARANGE = a
+    return a[:n]
+
+
+def _piece_stream(piece: Piece, j: int, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens of documents ``j..`` of a piece from token ``t`` of ``j``; each document's start and length in them."""
+    base = int(piece.offsets[j]) + t
+    stream = piece.tokens[base:]
+    starts = piece.offsets[j:-1] - base  # the first document starts at -t: t tokens of it were read before
+    lengths = piece.offsets[j + 1 :] - piece.offsets[j:-1]
+    return stream, starts, lengths
+
+
+class ConcatPacker:
+    """Rows are consecutive ``width``-token windows of the lane's token stream."""
+
+    def __init__(self, width: int, pad_id: int) -> None:
+        self.width = width
+        self.pad_id = pad_id
+        self._carry_tokens = np.zeros(0, dtype=np.int64)  # the open row
+        self._carry_positions = np.zeros(0, dtype=np.int64)
+        self._carry_segments = np.zeros((0, 4), dtype=np.int64)  # source, document, start, stop
+
+    def feed(self, piece: Piece, j: int, t: int) -> RowBlock | None:
+        """Pack documents ``j..`` of ``piece`` (from token ``t`` of ``j``): the rows they complete, if any."""
+        W = self.width
+        stream, starts, lengths = _piece_stream(piece, j, t)
+        S = len(stream)
+        if S == 0:
+            return None
+        c = len(self._carry_tokens)
+        n_rows = (c + S) // W
+        used = n_rows * W - c  # stream tokens in complete rows; the rest opens the next row
+
+        # Segments start at every document start and every row start inside the stream;
+        # the stream's first token always starts one (a document, or the row after a cut).
+        row_starts = np.arange(W - c, S, W, dtype=np.int64)
+        doc_starts = starts[(starts > 0) & (starts < S)]
+        bounds = np.unique(np.concatenate([[0], doc_starts, row_starts]))
+        seg_len = np.diff(np.append(bounds, S))
+        doc = np.searchsorted(starts, bounds, side="right") - 1  # the last document starting there: skips empty ones
+        seg_start = bounds - starts[doc]
+        which = j + doc
+        segs = np.stack([piece.sources[which], piece.documents[which], seg_start, seg_start + seg_len], axis=1).astype(np.int64, copy=False)
+
+        positions = _arange(S) - np.repeat(bounds, seg_len)
+
+        if not n_rows:
+            self._append_carry(stream, positions, segs)
+            return None
+
+        in_rows = bounds < used
+        carried = np.column_stack([np.zeros(len(self._carry_segments), dtype=np.int64), self._carry_segments])
+        fresh = np.column_stack([(bounds[in_rows] + c) // W, segs[in_rows]])
+        tokens = np.concatenate([self._carry_tokens, stream[:used]]).reshape(n_rows, W)
+        pos = np.concatenate([self._carry_positions, positions[:used]]).reshape(n_rows, W)
+
+        # The packer position after each row: right after its last token.
+        last = np.arange(1, n_rows + 1, dtype=np.int64) * W - c - 1
+        d = np.searchsorted(starts, last, side="right") - 1
+        taken = last + 1 - starts[d]
+        done = taken >= lengths[d]
+        ends = np.empty((n_rows, 3), dtype=np.int64)
+        ends[:, 0] = piece.chunk[j + d]
+        ends[:, 1] = piece.index[j + d] + done
+        ends[:, 2] = np.where(done, 0, taken)
+
+        self._carry_tokens = stream[used:]
+        self._carry_positions = positions[used:]
+        self._carry_segments = segs[~in_rows]
+        return RowBlock(tokens, pos, np.ones((n_rows, W), dtype=bool), np.concatenate([carried, fresh]), ends)
+
+    def _append_carry(self, stream: np.ndarray, positions: np.ndarray, segs: np.ndarray) -> None:
+        self._carry_tokens = np.concatenate([self._carry_tokens, stream])
+        self._carry_positions = np.concatenate([self._carry_positions, positions])
+        self._carry_segments = np.concatenate([self._carry_segments, segs])
+
+    def flush(self, end: Position) -> RowBlock | None:
+        """The open row padded to ``width``, at the end of the data (None if it is empty)."""
+        block = _padded_row(self._carry_tokens, self._carry_positions, self._carry_segments, self.width, self.pad_id, end)
+        self._carry_tokens = self._carry_tokens[:0]
+        self._carry_positions = self._carry_positions[:0]
+        self._carry_segments = self._carry_segments[:0]
+        return block
+
+
+def _padded_row(tokens: np.ndarray, positions: np.ndarray, segments: np.ndarray, width: int, pad_id: int, end: Position) -> RowBlock | None:
+    c = len(tokens)
+    if c == 0:
+        return None
+    row = np.full((1, width), pad_id, dtype=np.int64)
+    row[0, :c] = tokens
+    pos = np.zeros((1, width), dtype=np.int64)
+    pos[0, :c] = positions
+    valid = np.zeros((1, width), dtype=bool)
+    valid[0, :c] = True
+    segs = np.column_stack([np.zeros(len(segments), dtype=np.int64), segments])
+    return RowBlock(row, pos, valid, segs, np.asarray([end], dtype=np.int64))
+
+
+class PadPacker:
+    """Rows of whole documents, padded; a document longer than a row is split across rows."""
+
+    def __init__(self, width: int, pad_id: int) -> None:
+        self.width = width
+        self.pad_id = pad_id
+        self._parts: list[np.ndarray] = []  # the open row's tokens
+        self._segments: list[tuple[int, int, int, int]] = []
+        self._filled = 0
+        self._closed: list[tuple[list[np.ndarray], list[tuple[int, int, int, int]], Position]] = []
+
+    def _close(self, end: Position) -> None:
+        self._closed.append((self._parts, self._segments, end))
+        self._parts, self._segments, self._filled = [], [], 0
+
+    def feed(self, piece: Piece, j: int, t: int) -> RowBlock | None:
+        """Pack documents ``j..`` of ``piece`` (from token ``t`` of ``j``): the rows they complete, if any."""
+        W = self.width
+        stream, starts, lengths = _piece_stream(piece, j, t)
+        for d, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
+            k, i = int(piece.chunk[j + d]), int(piece.index[j + d])
+            src, docno = int(piece.sources[j + d]), int(piece.documents[j + d])
+            consumed = t if d == 0 else 0
+            while consumed < length:
+                remaining, space = length - consumed, W - self._filled
+                if remaining > space and self._filled:
+                    self._close(Position(k, i, consumed))  # the document starts the next row
+                    continue
+                take = min(remaining, space)
+                at = start + consumed
+                self._parts.append(stream[at : at + take])
+                self._segments.append((src, docno, consumed, consumed + take))
+                self._filled += take
+                consumed += take
+                if self._filled == W:
+                    self._close(Position(k, i, consumed) if consumed < length else Position(k, i + 1, 0))
+        return self._emit()
+
+    def flush(self, end: Position) -> RowBlock | None:
+        """The open row padded to ``width``, at the end of the data (None if it is empty)."""
+        if self._filled:
+            self._close(end)
+        return self._emit()
+
+    def _emit(self) -> RowBlock | None:
+        if not self._closed:
+            return None
+        n, W = len(self._closed), self.width
+        tokens = np.full((n, W), self.pad_id, dtype=np.int64)
+        positions = np.zeros((n, W), dtype=np.int64)
+        valid = np.zeros((n, W), dtype=bool)
+        segments: list[tuple[int, ...]] = []
+        for r, (parts, segs, _) in enumerate(self._closed):
+            at = 0
+            for part in parts:
+                tokens[r, at : at + len(part)] = part
+                positions[r, at : at + len(part)] = np.arange(len(part))
+                at += len(part)
+            valid[r, :at] = True
+            segments.extend((r, *s) for s in segs)
+        ends = np.asarray([end for _, _, end in self._closed], dtype=np.int64)
+        self._closed = []
+        seg = np.asarray(segments, dtype=np.int64).reshape(-1, 5)
+        return RowBlock(tokens, positions, valid, seg, ends)

@@ -1,0 +1,118 @@
+"""Reading a range of one chunk's documents and turning them into token ids.
+
+A *piece* is documents ``[lo, hi)`` of a chunk, read and run through the
+per-document operators, held as one flat token array with offsets. Lanes
+usually read whole chunks as one piece; the first chunk a lane reads after a
+(re)start is read in slices of ``SLICE_DOCS`` documents, so the first batch
+waits only for the documents it needs rather than for the whole chunk.
+Without per-document operators, a lane's first chunk is one piece, and later
+pieces from pretokenized sources (``read_flat``) span several whole chunks
+(see ``zephon_core.lane.reader.PIECE_DOCS``): reading them is cheap, and rows are cut per piece.
+
+Filtered-out documents keep their slot as empty documents, so document
+numbers in cursors do not depend on the filter's output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zephon_core.curriculum.mixture import Chunk, StaticMixture
+from zephon_core.errors import DataError
+from zephon_core.lane.docops import DROPPED, DocOpRunner
+from zephon_core.sources.base import gather_index
+
+# Documents per slice of a lane's first chunk: a batch needs only as many slices as it has documents.
+SLICE_DOCS = 8
+
+
+@dataclass
+class Piece:
+    """Consecutive documents of a lane, as token ids: document ``j`` is ``tokens[offsets[j]:offsets[j + 1]]``.
+
+    ``chunk[j]`` and ``index[j]`` place document ``j`` in the lane (lane chunk
+    number, document number within that chunk); ``sources[j]`` and
+    ``documents[j]`` name it in the work source.
+    """
+
+    chunk: np.ndarray
+    index: np.ndarray
+    sources: np.ndarray
+    documents: np.ndarray
+    tokens: np.ndarray  # int64, the documents end to end
+    offsets: np.ndarray  # int64, one more entry than documents, from 0
+
+
+def slice_bounds(chunk_len: int, first_doc: int, i: int) -> tuple[int, int]:
+    """The slice holding document ``i`` of a lane's first chunk, read from ``first_doc`` on."""
+    lo = first_doc + (i - first_doc) // SLICE_DOCS * SLICE_DOCS
+    return lo, min(chunk_len, lo + SLICE_DOCS)
+
+
+def _flat_from_sources(work_source: StaticMixture, srcs: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The documents straight from pretokenized sources, or None if a source has no ``read_flat``."""
+    kinds = np.unique(srcs)
+    found = [getattr(work_source.sources[int(s)], "read_flat", None) for s in kinds]
+    readers = [r for r in found if callable(r)]
+    if len(readers) < len(found):
+        return None
+    if len(kinds) == 1:
+        tokens, lengths = readers[0](docs)
+    else:
+        lengths = np.zeros(len(srcs), dtype=np.int64)
+        parts = []
+        for s, read_flat in zip(kinds, readers):
+            where = np.flatnonzero(srcs == s)
+            part, part_len = read_flat(docs[where])
+            lengths[where] = part_len
+            parts.append((where, part, part_len))
+        tokens = np.empty(int(lengths.sum()), dtype=np.int64)
+        starts = np.cumsum(lengths) - lengths
+        for where, part, part_len in parts:
+            tokens[gather_index(starts[where], part_len)] = part
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return tokens, offsets
+
+
+def _flat_from_docs(work_source: StaticMixture, srcs: np.ndarray, docnos: np.ndarray, runner: DocOpRunner) -> tuple[np.ndarray, np.ndarray]:
+    docs: list[Any] = [None] * len(srcs)
+    for s in np.unique(srcs):
+        where = np.flatnonzero(srcs == s)
+        for w, d in zip(where, work_source.sources[int(s)].read(docnos[where].tolist())):
+            docs[int(w)] = d
+    docs = runner.run(docs)
+    lengths = np.zeros(len(docs), dtype=np.int64)
+    arrays = []
+    for j, d in enumerate(docs):
+        if d is DROPPED:
+            continue
+        if isinstance(d, (list, tuple)):
+            d = np.asarray(d, dtype=np.int64)
+        if not (isinstance(d, np.ndarray) and d.ndim == 1 and np.issubdtype(d.dtype, np.integer)):
+            src = work_source.sources[int(srcs[j])]
+            raise DataError(
+                f"pack: document {int(docnos[j])} of source {src.name!r} is a {type(d).__name__}, "
+                "not token ids; add .tokenize(...) before .pack(...)"
+            )
+        lengths[j] = len(d)
+        arrays.append(d)
+    tokens = np.concatenate(arrays).astype(np.int64, copy=False) if arrays else np.zeros(0, dtype=np.int64)
+    offsets = np.zeros(len(docs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return tokens, offsets
+
+
+def load_piece(work_source: StaticMixture, runner: DocOpRunner, parts: list[tuple[int, Chunk, int, int]]) -> Piece:
+    """Read documents ``lo..hi-1`` of each ``(lane chunk, chunk, lo, hi)`` and run the per-document operators on them."""
+    chunk = np.concatenate([np.full(hi - lo, k, dtype=np.int64) for k, _, lo, hi in parts])
+    index = np.concatenate([np.arange(lo, hi, dtype=np.int64) for _, _, lo, hi in parts])
+    srcs = np.concatenate([c.sources[lo:hi] for _, c, lo, hi in parts])
+    docs = np.concatenate([c.documents[lo:hi] for _, c, lo, hi in parts])
+    flat = _flat_from_sources(work_source, srcs, docs) if not runner.ops else None
+    if flat is None:
+        flat = _flat_from_docs(work_source, srcs, docs, runner)
+    return Piece(chunk, index, srcs, docs, *flat)

@@ -1,0 +1,222 @@
+"""``Pipeline``: the per-rank loader users build, iterate, checkpoint and restore."""
+
+from __future__ import annotations
+
+import difflib
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+from zephon_core.batch import Batch, Cursor
+from zephon_core.checkpoint.merge import diff_definitions
+from zephon_core.checkpoint.state import LaneState, fingerprint_of, make_state, parse_lanes, verify_checksum
+from zephon_core.curriculum.mixture import StaticMixture
+from zephon_core.errors import ConfigError, StateError
+from zephon_core.lane.ops import BatchOp, DocOp, FilterOp, MapOp, Op, PackOp, ShuffleOp, TokenizeOp
+from zephon_core.pipeline.engine import Engine, OperatorChain
+from zephon_core.pipeline.options import OPTION_NAMES, Identity, Options, default_pipelines_per_node, resolve_identity
+from zephon_core.pipeline.plan import Plan, render
+
+
+class Pipeline:
+    """A deterministic, checkpointable stream of training batches for one rank.
+
+    Build it from a work source, add operators, set options, iterate::
+
+        pipeline = (
+            Pipeline(StaticMixture([JsonlSource("a.jsonl")], seed=1))
+            .tokenize(tokenizer, eos_id=0)
+            .pack(seq_len=2048)
+            .shuffle(window=256)
+            .batch(8)
+            .options(dp_degree=4, dp_group_id=1, canonical_replicas=8)
+        )
+        for batch in pipeline: ...
+        state = pipeline.checkpoint()   # collective when world_size > 1
+
+    Builder methods return a new ``Pipeline``; the original is unchanged.
+    """
+
+    def __init__(self, work_source: StaticMixture, *, _ops: tuple[Op, ...] = (), _options: Options | None = None) -> None:
+        if not isinstance(work_source, StaticMixture):
+            raise ConfigError(f"Pipeline needs a work source such as StaticMixture, got {type(work_source).__name__}")
+        self.work_source = work_source
+        self._ops = _ops
+        self._opts = _options or Options()
+        self._identity = resolve_identity(self._opts)
+        self._restored: dict[int, LaneState] | None = None
+        self._engine: Engine | None = None
+        self._aggregator: Any = None
+        self._lock = threading.Lock()
+        if self._identity.canonical_replicas % self._identity.dp_degree:
+            warnings.warn(
+                f"canonical_replicas={self._identity.canonical_replicas} is not divisible by dp_degree={self._identity.dp_degree}: "
+                "data-parallel groups own different numbers of lanes, which unbalances their load",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    # -- building -------------------------------------------------------------
+    def _with(self, op: Op) -> Pipeline:
+        kinds = [o.kind for o in self._ops]
+        if "batch" in kinds:
+            raise ConfigError(f"{op.kind}: no operator may follow batch")
+        if isinstance(op, DocOp) and "pack" in kinds:
+            raise ConfigError(f"{op.kind}: per-document operators must come before pack")
+        if op.kind in ("pack", "shuffle", "batch") and op.kind in kinds:
+            raise ConfigError(f"{op.kind}: may appear only once")
+        if isinstance(op, ShuffleOp) and "pack" not in kinds:
+            raise ConfigError("shuffle: shuffles packed rows, so it must come after pack")
+        if isinstance(op, BatchOp) and "pack" not in kinds:
+            raise ConfigError("batch: needs pack before it")
+        return Pipeline(self.work_source, _ops=self._ops + (op,), _options=self._opts)
+
+    def map(self, fn: Callable[[Any], Any], *, parallelism: int = 1, runner: str = "thread") -> Pipeline:
+        """Transform each document with ``fn`` (deterministic, pure)."""
+        return self._with(MapOp(parallelism, runner, fn=fn))
+
+    def filter(self, fn: Callable[[Any], bool], *, parallelism: int = 1, runner: str = "thread") -> Pipeline:
+        """Keep documents for which ``fn`` is true."""
+        return self._with(FilterOp(parallelism, runner, fn=fn))
+
+    def tokenize(self, tokenizer: Any, *, bos_id: int | None = None, eos_id: int | None = None, parallelism: int = 1, runner: str = "thread") -> Pipeline:
+        """Text -> token ids with a ``tokenizers.Tokenizer`` (batch-encoded), an object with ``encode``, or a callable."""
+        return self._with(TokenizeOp(parallelism, runner, tokenizer=tokenizer, bos_id=bos_id, eos_id=eos_id))
+
+    def pack(self, seq_len: int, *, mode: str = "concat", pad_id: int = 0) -> Pipeline:
+        """Rows of ``seq_len + 1`` tokens: ``"concat"`` splits freely, ``"pad"`` keeps documents whole and pads."""
+        return self._with(PackOp(seq_len, mode, pad_id))
+
+    def shuffle(self, window: int, *, seed: int = 0) -> Pipeline:
+        """Permute packed rows within consecutive windows of ``window`` rows of a lane."""
+        return self._with(ShuffleOp(window, seed))
+
+    def batch(self, batch_size: int, *, drop_last: bool = True) -> Pipeline:
+        """Group ``batch_size`` rows of one lane into a ``Batch``."""
+        return self._with(BatchOp(batch_size, drop_last))
+
+    def options(self, **kwargs: Any) -> Pipeline:
+        """Set identities, lanes, coordination and execution options; unknown names are errors.
+
+        Each field of ``zephon_core.pipeline.Options`` is one keyword, documented
+        there with its default: data identity ``dp_degree``/``dp_group_id``;
+        ``canonical_replicas``; coordination identity ``world_size``,
+        ``global_rank``, ``aggregate_dir``, ``run_id``, ``aggregate_timeout_s``,
+        ``storage_options``; execution (never changes the data) ``reader_threads``,
+        ``readahead``, ``prefetch``; and ``pipelines_per_node`` for ``explain()``.
+        """
+        for name in kwargs:
+            if name not in OPTION_NAMES:
+                hint = difflib.get_close_matches(name, OPTION_NAMES, n=1)
+                raise ConfigError(f"unknown option {name!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+        return Pipeline(self.work_source, _ops=self._ops, _options=replace(self._opts, **kwargs))
+
+    # -- introspection --------------------------------------------------------
+    @property
+    def identity(self) -> Identity:
+        return self._identity
+
+    def definition(self) -> dict[str, Any]:
+        """Everything that defines the data; its hash is the state's fingerprint."""
+        return {"work_source": self.work_source.definition(), "ops": [op.definition() for op in self._ops]}
+
+    def _chain(self) -> OperatorChain:
+        by_kind = {op.kind: op for op in self._ops}
+        pack, shuffle, batch = by_kind.get("pack"), by_kind.get("shuffle"), by_kind.get("batch")
+        if not isinstance(pack, PackOp) or not isinstance(batch, BatchOp):
+            raise ConfigError("a pipeline needs .pack(seq_len) and .batch(n) before it can be iterated")
+        assert shuffle is None or isinstance(shuffle, ShuffleOp)
+        return OperatorChain([op for op in self._ops if isinstance(op, DocOp)], pack, shuffle, batch)
+
+    def plan(self, pipelines_per_node: int | None = None) -> Plan:
+        """What this pipeline will do, as data: identities, lanes, operators, threads and processes."""
+        per_node = pipelines_per_node or self._opts.pipelines_per_node or default_pipelines_per_node()
+        return Plan.of(self._identity, self._opts, self.work_source.describe(), self._ops, per_node)
+
+    def explain(self, pipelines_per_node: int | None = None) -> str:
+        """A readable plan: identities, lanes, operators, threads and processes."""
+        return render(self.plan(pipelines_per_node))
+
+    # -- running --------------------------------------------------------------
+    def __iter__(self) -> Iterator[Batch]:
+        with self._lock:
+            if self._engine is None:
+                self._engine = Engine(self._chain(), self.work_source, self._identity, self._opts, self._restored or {})
+            return self._engine
+
+    def close(self) -> None:
+        """Stop background threads and pools; the pipeline cannot be iterated after."""
+        if self._engine is not None:
+            self._engine.close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _lane_states(self) -> dict[int, LaneState]:
+        if self._engine is not None:
+            return self._engine.lane_states()
+        restored = self._restored or {}
+        return {lane: restored.get(lane, LaneState(Cursor.start(), 0)) for lane in self._identity.lanes}
+
+    def local_state(self) -> dict[str, Any]:
+        """This pipeline's own lanes, without coordinating with other ranks."""
+        ident = self._identity
+        topology = {"dp_degree": ident.dp_degree, "dp_group_id": ident.dp_group_id, "world_size": ident.world_size, "global_rank": ident.global_rank}
+        return make_state(self.definition(), ident.canonical_replicas, topology, self._lane_states())
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The progress of delivered batches, as a JSON-serialisable dict.
+
+        With ``world_size > 1`` this is collective: every pipeline counted in
+        ``world_size`` must call it at the same step; rank 0 merges all lanes
+        and every rank returns the identical merged state.
+        """
+        state = self.local_state()
+        if self._identity.world_size == 1:
+            return state
+        if self._aggregator is None:
+            from zephon_core.checkpoint.aggregate import Aggregator
+
+            o = self._opts
+            assert o.aggregate_dir is not None and o.run_id is not None
+            self._aggregator = Aggregator(
+                o.aggregate_dir, o.run_id, o.world_size, o.global_rank, float(o.aggregate_timeout_s), dict(o.storage_options or {})
+            )
+        return self._aggregator.checkpoint(state)
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Resume from a state returned by ``checkpoint()`` (on any ``dp_degree <= C``).
+
+        Call it before iterating. The state is validated now; a state of
+        different data, a different ``canonical_replicas`` or without this
+        group's lanes is refused with a message naming the difference.
+        """
+        if self._engine is not None:
+            raise StateError("restore() must be called before the pipeline is iterated")
+        lanes = parse_lanes(state)
+        C_state = state["canonical_replicas"]
+        if self._opts.canonical_replicas is not None and self._opts.canonical_replicas != C_state:
+            raise StateError(
+                f"canonical_replicas differs: the checkpoint has {C_state}, this pipeline has {self._opts.canonical_replicas}; "
+                "it is fixed for the life of a run"
+            )
+        ident = resolve_identity(self._opts, canonical_replicas=C_state)
+        mine = self.definition()
+        if state["fingerprint"] != fingerprint_of(mine):
+            diffs = diff_definitions(state["definition"], mine)
+            detail = "; ".join(diffs[:5]) + ("; ..." if len(diffs) > 5 else "")
+            raise StateError(f"the checkpoint was taken with different data (checkpoint vs this pipeline): {detail}")
+        missing = [lane for lane in ident.lanes if lane not in lanes]
+        if missing:
+            raise StateError(
+                f"the state has no progress for lane(s) {missing} owned by dp_group_id={ident.dp_group_id} of {ident.dp_degree}; "
+                "restore from the merged state (checkpoint() with world_size > 1, or merge_states)"
+            )
+        verify_checksum(state)
+        self._identity = ident
+        self._restored = {lane: lanes[lane] for lane in ident.lanes}

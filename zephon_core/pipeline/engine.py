@@ -1,0 +1,154 @@
+"""Running a pipeline: one ``LaneStream`` per owned lane, delivered in turns, optionally in a prefetch thread."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+from zephon_core.batch import Batch, Cursor
+from zephon_core.checkpoint.state import LaneState
+from zephon_core.curriculum.mixture import StaticMixture
+from zephon_core.lane.assignment import next_lane
+from zephon_core.lane.docops import DocOpRunner
+from zephon_core.lane.ops import BatchOp, DocOp, PackOp, ShuffleOp
+from zephon_core.lane.stream import LaneStream
+from zephon_core.pipeline.options import Identity, Options
+
+
+class OperatorChain(NamedTuple):
+    """A complete operator chain, split by the stage that runs each part."""
+
+    doc_ops: list[DocOp]
+    pack: PackOp
+    shuffle: ShuffleOp | None
+    batch: BatchOp
+
+
+# Engines whose prefetch thread may still run. The thread is not a daemon: a daemon
+# thread inside a native call (a tokenizer) when the interpreter finalizes is killed
+# mid-call and aborts the process. At exit, before joining non-daemon threads, Python
+# runs the hooks registered here (as concurrent.futures does): each engine is told to
+# stop, and its thread ends after the batch it is producing.
+_LIVE_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _stop_engines_at_exit() -> None:
+    for engine in list(_LIVE_ENGINES):
+        engine._stop.set()
+
+
+threading._register_atexit(_stop_engines_at_exit)  # type: ignore[attr-defined]
+
+
+class Engine:
+    """Produces a group's batches (in a prefetch thread, with ``prefetch > 0``) and tracks what was delivered.
+
+    ``lane_states()`` are the lanes' positions after the last batch *delivered*
+    to the caller: batches produced ahead never count.
+    """
+
+    _END = object()
+
+    def __init__(self, chain: OperatorChain, work_source: StaticMixture, ident: Identity, opts: Options,
+                 restored: Mapping[int, LaneState]) -> None:
+        doc_ops, pack, shuffle, batch = chain
+        self.lanes = ident.lanes
+        self._runner = DocOpRunner(doc_ops)
+        self._reader = ThreadPoolExecutor(opts.reader_threads, thread_name_prefix="zephon-read") if opts.reader_threads else None
+        start = {lane: restored.get(lane, LaneState(Cursor.start(), 0)) for lane in self.lanes}
+        self._streams = {
+            lane: LaneStream(
+                lane, ident.canonical_replicas, work_source, self._runner, pack, shuffle, batch,
+                st.cursor, st.delivered, self._reader, opts.readahead,
+            )
+            for lane, st in start.items()
+        }
+        self._delivered = dict(start)
+        self._stop = threading.Event()
+        self._queue: queue.SimpleQueue[Any] | None = None
+        self._gen = self._produce()
+        prefetch = opts.prefetch
+        if prefetch > 0:
+            # Two C-level SimpleQueues: batches, and free slots bounding them to `prefetch`.
+            # queue.Queue's Condition objects cost a Python-level notify/wait per batch.
+            self._queue = queue.SimpleQueue()
+            self._slots: queue.SimpleQueue[None] = queue.SimpleQueue()
+            for _ in range(prefetch):
+                self._slots.put(None)
+            self._thread = threading.Thread(target=self._pump, name="zephon-prefetch")
+            _LIVE_ENGINES.add(self)
+            self._thread.start()
+
+    def _produce(self) -> Iterator[Batch]:
+        produced = {lane: st.delivered for lane, st in self._delivered.items()}
+        live = set(self.lanes)
+        while not self._stop.is_set():
+            lane = next_lane(self.lanes, produced, live)
+            if lane is None:
+                return
+            b = self._streams[lane].next_batch()
+            if b is None:
+                live.discard(lane)
+                continue
+            produced[lane] += 1
+            yield b
+
+    def _take_slot(self) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._slots.get(timeout=0.1)
+                return True
+            except queue.Empty:
+                continue
+        return False
+
+    def _pump(self) -> None:
+        assert self._queue is not None
+        try:
+            for b in self._gen:
+                if not self._take_slot():
+                    return
+                self._queue.put(b)
+            item: Any = self._END
+        except BaseException as e:  # handed to the consumer, raised there
+            item = e
+        self._queue.put(item)
+
+    def __iter__(self) -> Engine:
+        return self
+
+    def __next__(self) -> Batch:
+        if self._queue is None:
+            b = next(self._gen)
+        else:
+            while True:
+                try:
+                    item = self._queue.get(timeout=0.1)
+                    break
+                except queue.Empty:
+                    if self._stop.is_set():  # closed: the producer will put nothing more
+                        raise StopIteration from None
+            if item is not self._END and not isinstance(item, BaseException):
+                self._slots.put(None)
+            if item is self._END:
+                self._queue.put(item)
+                raise StopIteration
+            if isinstance(item, BaseException):
+                self._queue.put(item)
+                raise item
+            b = item
+        self._delivered[b.lane] = LaneState(b.cursor, b.lane_index + 1)
+        return b
+
+    def lane_states(self) -> dict[int, LaneState]:
+        return dict(self._delivered)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._reader is not None:
+            self._reader.shutdown(wait=False, cancel_futures=True)
+        self._runner.close()

@@ -1,0 +1,263 @@
+"""The ``zephon`` command line: plan, inspect, compare, verify and trace data.
+
+Every command takes ``--help``. Errors print one line and exit 1; usage
+errors exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from zephon_core.checkpoint.merge import diff_definitions
+from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.errors import ZephonError
+from zephon_core.tools.state_readers import load_state
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status 1."""
+
+
+# -- loading ----------------------------------------------------------------------
+def _recipe(path: str):
+    from zephon_core.recipe import load_recipe
+
+    return load_recipe(path)
+
+
+def _pipeline(recipe: Any, seq_len: int | None, batch_size: int | None, **options: Any):
+    st = recipe.spec.standalone
+    if st is not None and seq_len is None and batch_size is None:
+        return recipe.build_standalone(**options)
+    tokenizer = None
+    if not recipe.pretokenized:
+        if st is not None and st.tokenizer:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(recipe.resolve(st.tokenizer))
+        else:
+            raise CliError(f"{recipe.path}: text sources need [standalone] tokenizer = \"...\" for this command")
+    return recipe.build(
+        seq_len=seq_len or (st.seq_len if st else 128),
+        batch_size=batch_size or (st.batch_size if st else 1),
+        tokenizer=tokenizer,
+        bos_id=st.bos_id if st else None,
+        eos_id=st.eos_id if st else None,
+        **options,
+    )
+
+
+def _is_recipe(path: str) -> bool:
+    return path.endswith(".toml")
+
+
+# -- commands -----------------------------------------------------------------------
+def cmd_explain(a: argparse.Namespace) -> int:
+    recipe = _recipe(a.recipe)
+    opts: dict[str, Any] = {"world_size": a.world_size, "global_rank": 0}
+    if a.dp_degree is not None:
+        opts["dp_degree"] = a.dp_degree
+    if a.canonical_replicas is not None:
+        opts["canonical_replicas"] = a.canonical_replicas
+    if a.world_size > 1:
+        opts.setdefault("aggregate_dir", recipe.spec.aggregate.dir or "<aggregate_dir>")
+        opts.setdefault("run_id", recipe.spec.aggregate.run_id or "run")
+    p = _pipeline(recipe, a.seq_len, a.batch_size, **opts)
+    print(p.explain(pipelines_per_node=a.per_node))
+    return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    state = load_state(a.checkpoint)
+    lanes = parse_lanes(state)
+    if a.json:
+        print(json.dumps(state, indent=2, sort_keys=True))
+        return 0
+    d = state["definition"]
+    print(f"{a.checkpoint}")
+    print(f"  format:             {state['format']} version {state['version']}")
+    print(f"  fingerprint:        {state['fingerprint']}")
+    print(f"  canonical_replicas: {state['canonical_replicas']}")
+    print("  topology:           " + ", ".join(f"{k}={v}" for k, v in sorted(state["topology"].items())))
+    ws = d.get("work_source", {})
+    print(f"  work source:        {ws.get('kind')} seed={ws.get('seed')} chunk_size={ws.get('chunk_size')} exhausted={ws.get('exhausted')}")
+    for s in ws.get("sources", []):
+        print(f"    {s.get('name')}: {s.get('kind')} weight={s.get('weight')} size={s.get('size', s.get('documents', '?'))}")
+    print("  operators:          " + " -> ".join(op.get("op", "?") for op in d.get("ops", [])))
+    print("  lanes:              lane  chunk  document  token  in-window  delivered")
+    for lane in sorted(lanes):
+        c = lanes[lane].cursor
+        print(f"                      {lane:4d}  {c.chunk:5d}  {c.document:8d}  {c.token:5d}  {c.delivered_in_window:9d}  {lanes[lane].delivered:9d}")
+    missing = [lane for lane in range(state["canonical_replicas"]) if lane not in lanes]
+    if missing:
+        print(f"  partial state: no progress for lane(s) {missing} (a per-group state; merge before an elastic restore)")
+    return 0
+
+
+def cmd_diff(a: argparse.Namespace) -> int:
+    if _is_recipe(a.a) != _is_recipe(a.b):
+        raise CliError("compare two checkpoints or two recipes, not one of each")
+    if _is_recipe(a.a):
+        from omegaconf import OmegaConf
+
+        left, right = (OmegaConf.to_container(OmegaConf.structured(_recipe(p).spec)) for p in (a.a, a.b))
+        diffs = diff_definitions(left, right)
+    else:
+        sa, sb = load_state(a.a), load_state(a.b)
+        la, lb = parse_lanes(sa), parse_lanes(sb)
+        diffs = diff_definitions(sa["definition"], sb["definition"], "definition")
+        if sa["canonical_replicas"] != sb["canonical_replicas"]:
+            diffs.append(f"canonical_replicas: {sa['canonical_replicas']} vs {sb['canonical_replicas']}")
+        diffs += diff_definitions(sa["topology"], sb["topology"], "topology")
+        for lane in sorted(set(la) | set(lb)):
+            x, y = la.get(lane), lb.get(lane)
+            if x != y:
+                fmt = lambda s: "absent" if s is None else f"cursor={tuple(s.cursor)} delivered={s.delivered}"  # noqa: E731
+                diffs.append(f"lanes[{lane}]: {fmt(x)} vs {fmt(y)}")
+    if not diffs:
+        print("identical")
+        return 0
+    for line in diffs:
+        print(line)
+    return 1
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if self.enabled:
+            width = 30
+            filled = width * self.done // max(1, self.total)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label}   ")
+            if self.done == self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def cmd_verify_elastic(a: argparse.Namespace) -> int:
+    from zephon_core.tools import simulate
+
+    recipe = _recipe(a.recipe)
+    C = a.canonical_replicas
+    B = a.batches_per_step or C
+    for G in (a.from_, a.to):
+        if G > C:
+            raise CliError(f"dp_degree {G} exceeds --canonical-replicas {C}")
+        if B % G:
+            raise CliError(f"--batches-per-step {B} is not a multiple of dp_degree {G}")
+    if not 0 < a.checkpoint_step < a.steps:
+        raise CliError(f"--checkpoint-step must be between 1 and --steps - 1 ({a.steps - 1})")
+    progress = _Progress(a.steps * 2, enabled=not a.no_progress and sys.stderr.isatty() or a.progress)
+
+    def make(G: int, gid: int):
+        return _pipeline(recipe, a.seq_len, a.batch_size, dp_degree=G, dp_group_id=gid, canonical_replicas=C, prefetch=0)
+
+    # The reference runs uninterrupted on the first topology.
+    ref_records = simulate.run_schedule(make, [simulate.Phase(a.from_, a.steps)], B, on_step=lambda ph: progress.step(f"reference dp={ph.dp_degree}"))
+    phases = [simulate.Phase(a.from_, a.checkpoint_step), simulate.Phase(a.to, a.steps - a.checkpoint_step)]
+    recs = simulate.run_schedule(make, phases, B, on_step=lambda ph: progress.step(f"elastic dp={ph.dp_degree}"))
+    bad = simulate.first_mismatch(ref_records, recs)
+    if bad is None:
+        print(f"ok: {a.steps} global steps identical: dp_degree {a.from_} throughout vs {a.from_} -> {a.to} at step {a.checkpoint_step} (C={C}, {B} batches per step)")
+        return 0
+    print(f"MISMATCH at global step {bad + 1}: dp_degree {a.from_} -> {a.to} at step {a.checkpoint_step} changes the samples of that step (C={C}, {B} batches per step)")
+    return 1
+
+
+def cmd_trace(a: argparse.Namespace) -> int:
+    from zephon_core.lane.assignment import owned_lanes
+
+    recipe = _recipe(a.recipe)
+    C = a.canonical_replicas or recipe.spec.canonical_replicas or 1
+    B = a.batches_per_step or C
+    if B % C:
+        raise CliError(f"--batches-per-step {B} must be a multiple of canonical_replicas {C} for a step's contents to be topology-free")
+    if a.step < 1:
+        raise CliError("--step counts from 1")
+    p = _pipeline(recipe, a.seq_len, a.batch_size, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0)
+    names = [s.name for s in p.work_source.sources]
+    with p:
+        it = iter(p)
+        for _ in range((a.step - 1) * B):
+            next(it)
+        batches = [next(it) for _ in range(B)]
+    print(f"global step {a.step}: {B} batches (C={C}; lanes {owned_lanes(C, 1, 0)})")
+    for b in sorted(batches, key=lambda b: (b.lane, b.lane_index)):
+        print(f"  lane {b.lane} batch {b.lane_index}  digest {b.digest}")
+        for r, segs in enumerate(b.provenance):
+            parts = ", ".join(f"{names[s.source]}#{s.document}[{s.start}:{s.stop}]" for s in segs)
+            print(f"    row {r}: {parts}")
+    return 0
+
+
+# -- parser -------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="zephon", description="Plan, inspect, compare, verify and trace Zephon data pipelines.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def shape(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--seq-len", type=int, help="override [standalone] seq_len")
+        p.add_argument("--batch-size", type=int, help="override [standalone] batch_size")
+
+    p = sub.add_parser("explain", help="show the plan of a recipe without loading data")
+    p.add_argument("recipe")
+    p.add_argument("--dp-degree", type=int)
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--per-node", type=int, help="pipelines per node (default LOCAL_WORLD_SIZE or 1)")
+    p.add_argument("--canonical-replicas", type=int)
+    shape(p)
+    p.set_defaults(fn=cmd_explain)
+
+    p = sub.add_parser("inspect", help="show a checkpoint state (JSON, TorchTitan DCP folder, Megatron loader state)")
+    p.add_argument("checkpoint")
+    p.add_argument("--json", action="store_true", help="print the raw state")
+    p.set_defaults(fn=cmd_inspect)
+
+    p = sub.add_parser("diff", help="field-by-field differences between two checkpoints or two recipes")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.set_defaults(fn=cmd_diff)
+
+    p = sub.add_parser("verify-elastic", help="check that a topology change at a checkpoint keeps every step's samples")
+    p.add_argument("recipe")
+    p.add_argument("--canonical-replicas", type=int, required=True)
+    p.add_argument("--from", dest="from_", type=int, required=True, metavar="G1")
+    p.add_argument("--to", type=int, required=True, metavar="G2")
+    p.add_argument("--checkpoint-step", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--batches-per-step", type=int, help="default: canonical_replicas")
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
+    p.add_argument("--no-progress", action="store_true")
+    shape(p)
+    p.set_defaults(fn=cmd_verify_elastic)
+
+    p = sub.add_parser("trace", help="which documents (and token ranges) make up a global step")
+    p.add_argument("recipe")
+    p.add_argument("--step", type=int, required=True, help="global step, from 1")
+    p.add_argument("--canonical-replicas", type=int)
+    p.add_argument("--batches-per-step", type=int, help="default: canonical_replicas")
+    shape(p)
+    p.set_defaults(fn=cmd_trace)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except (CliError, ZephonError) as e:
+        print(f"zephon {args.command}: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
