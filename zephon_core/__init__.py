@@ -8,6 +8,7 @@ checkpoint. This package imports no torch.
 from zephon_core.batch import Batch, Cursor, Segment
 from zephon_core.checkpoint.merge import diff_definitions, merge_states
 from zephon_core.curriculum.mixture import StaticMixture
+from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import AggregationError, ConfigError, DataError, StateError, ZephonError
 from zephon_core.lane.assignment import owned_lanes
 from zephon_core.pipeline import Pipeline
@@ -31,6 +32,7 @@ __all__ = [
     "StateError",
     "StaticMixture",
     "TokenArraySource",
+    "WorkSource",
     "ZephonError",
     "diff_definitions",
     "merge_states",

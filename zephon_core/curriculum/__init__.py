@@ -1,6 +1,12 @@
-"""The curriculum: which documents make up global chunk ``g``, as a pure function of ``g``."""
+"""The curriculum: which documents make up global chunk ``g``, as a pure function of ``g``.
 
-from zephon_core.curriculum.mixture import Chunk, StaticMixture
+``work_source`` defines the interface (``WorkSource``, ``Chunk``) and the per-chunk
+interleave; ``order`` maps positions of a source's stream to its documents;
+``mixture`` is the fixed-weight mixture; ``permutation`` the seekable permutations.
+"""
+
+from zephon_core.curriculum.mixture import StaticMixture
 from zephon_core.curriculum.permutation import IndexPermutation
+from zephon_core.curriculum.work_source import Chunk, WorkSource
 
-__all__ = ["Chunk", "IndexPermutation", "StaticMixture"]
+__all__ = ["Chunk", "IndexPermutation", "StaticMixture", "WorkSource"]

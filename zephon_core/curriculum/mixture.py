@@ -5,43 +5,25 @@ contributes a fixed number of documents to every chunk (its weight's
 largest-remainder share of ``chunk_size``), so source ``s`` has used exactly
 ``g * count[s]`` documents before chunk ``g`` and no chunk depends on the ones
 before it. Position ``p`` of a source's infinite stream is document
-``perm_{s, p // n}(p % n)``: a fresh O(1)-memory permutation per epoch.
+``perm_{s, p // n}(p % n)``: a fresh O(1)-memory permutation per epoch
+(``curriculum.order``).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from zephon_core.curriculum.permutation import IndexPermutation, derive_key, permute_rows
+from zephon_core.curriculum.order import EpochPermutation, SourceOrder
+from zephon_core.curriculum.work_source import Chunk, WorkSource, interleave
 from zephon_core.errors import ConfigError
 from zephon_core.sources.base import Source
 from zephon_core.validation import is_int, require_choice, require_int, require_positive_number
 
 EXHAUSTION_POLICIES = ("repeat", "stop")
-
-
-@functools.lru_cache(maxsize=64)
-def _permutation(n: int, key: int) -> IndexPermutation:
-    """Permutation objects are immutable; caching them saves 7 blake2b key derivations per chunk."""
-    return IndexPermutation(n, key)
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Documents of one chunk as parallel arrays, in delivery order."""
-
-    index: int
-    sources: np.ndarray  # source number per document
-    documents: np.ndarray  # document number within that source
-
-    def __len__(self) -> int:
-        return len(self.sources)
 
 
 def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
@@ -55,7 +37,7 @@ def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
     return counts
 
 
-class StaticMixture:
+class StaticMixture(WorkSource):
     """A fixed-weight mixture of sources, cut into chunks of ``chunk_size`` documents.
 
     Args:
@@ -112,6 +94,7 @@ class StaticMixture:
         self.shuffle = shuffle
         self.counts = counts
         self._sizes = [len(s) for s in sources]
+        self._orders: list[SourceOrder] = [EpochPermutation(n, seed, i) if shuffle else SourceOrder(n) for i, n in enumerate(self._sizes)]
         self._num_chunks = None if exhausted == "repeat" else min(math.ceil(n / c) for n, c in zip(self._sizes, counts))
 
     @property
@@ -124,11 +107,8 @@ class StaticMixture:
         """Chunks in the curriculum, or None when it repeats forever."""
         return self._num_chunks
 
-    def _positions(self, s: int, g: int) -> np.ndarray:
-        return self._positions_many(s, [g])[0]
-
     def _positions_many(self, s: int, gs: Sequence[int]) -> list[np.ndarray]:
-        """Documents of source ``s`` in chunks ``gs``: one permutation pass for all of them.
+        """Documents of source ``s`` in chunks ``gs``: one pass of its order for all of them.
 
         A permutation pass costs ~80 NumPy calls whatever the number of indices
         (plus cycle walking), so mapping the positions of many chunks at once is
@@ -136,23 +116,11 @@ class StaticMixture:
         """
         n, c = self._sizes[s], self.counts[s]
         p = (np.asarray(gs, dtype=np.int64)[:, None] * c + np.arange(c, dtype=np.int64)).ravel()
-        if not self.shuffle:
-            out = p % n
-        else:
-            out = np.empty_like(p)
-            epochs = p // n
-            for e in np.unique(epochs):
-                sel = epochs == e
-                out[sel] = _permutation(n, derive_key("epoch", self.seed, s, int(e))).take(p[sel] % n)
-        rows = out.reshape(len(gs), c)
+        rows = self._orders[s].documents(p).reshape(len(gs), c)
         if self._num_chunks is None:
             return list(rows)
         pos = p.reshape(len(gs), c)
         return [r[q < n] for r, q in zip(rows, pos)]
-
-    def chunk(self, g: int) -> Chunk | None:
-        """Chunk ``g``, or None past the end of a finite curriculum."""
-        return self.chunks([g])[0]
 
     def chunks(self, gs: Sequence[int]) -> list[Chunk | None]:
         """``[self.chunk(g) for g in gs]``, computed together (same values, far fewer NumPy calls)."""
@@ -161,28 +129,7 @@ class StaticMixture:
                 raise IndexError(g)
         live = [g for g in gs if self._num_chunks is None or g < self._num_chunks]
         per_source = [self._positions_many(s, live) for s in range(len(self.sources))] if live else []
-        unmixed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for j, g in enumerate(live):
-            srcs, docs = [], []
-            for s in range(len(self.sources)):
-                d = per_source[s][j]
-                srcs.append(np.full(len(d), s, dtype=np.int64))
-                docs.append(d)
-            unmixed[g] = (np.concatenate(srcs), np.concatenate(docs))
-        by_g: dict[int, Chunk] = {}
-        # Interleave: chunks of the same size share one batched permutation pass.
-        by_size: dict[int, list[int]] = {}
-        for g, (src, _) in unmixed.items():
-            by_size.setdefault(len(src), []).append(g)
-        for size, group in by_size.items():
-            if not self.shuffle or size < 2:
-                orders = [None] * len(group)
-            else:
-                keys = [derive_key("interleave", self.seed, g) for g in group]
-                orders = list(permute_rows(size, keys, np.broadcast_to(np.arange(size), (len(group), size))))
-            for g, order in zip(group, orders):
-                src, doc = unmixed[g]
-                by_g[g] = Chunk(g, src, doc) if order is None else Chunk(g, src[order], doc[order])
+        by_g = interleave(live, per_source, self.seed, self.shuffle)
         return [by_g.get(g) for g in gs]
 
     def definition(self) -> dict[str, Any]:

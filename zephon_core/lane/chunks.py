@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from zephon_core.curriculum.mixture import Chunk, StaticMixture
+from zephon_core.curriculum.work_source import Chunk, WorkSource
 
 # Chunk descriptors a lane computes at once (see StaticMixture.chunks): a few KB of indices.
 # The first call computes only 2, so that a (re)start does not wait for 32.
@@ -19,7 +19,7 @@ class LaneChunks:
     curriculum). Safe to use from the reader threads and the caller at once.
     """
 
-    def __init__(self, work_source: StaticMixture, lane: int, canonical_replicas: int) -> None:
+    def __init__(self, work_source: WorkSource, lane: int, canonical_replicas: int) -> None:
         self.work_source = work_source
         self.lane = lane
         self._stride = canonical_replicas

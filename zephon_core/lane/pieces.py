@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.curriculum.mixture import Chunk, StaticMixture
+from zephon_core.curriculum.work_source import Chunk, WorkSource
 from zephon_core.errors import DataError
 from zephon_core.lane.docops import DROPPED, DocOpRunner
 from zephon_core.sources.base import gather_index
@@ -52,7 +52,7 @@ def slice_bounds(chunk_len: int, first_doc: int, i: int) -> tuple[int, int]:
     return lo, min(chunk_len, lo + SLICE_DOCS)
 
 
-def _flat_from_sources(work_source: StaticMixture, srcs: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _flat_from_sources(work_source: WorkSource, srcs: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """The documents straight from pretokenized sources, or None if a source has no ``read_flat``."""
     kinds = np.unique(srcs)
     found = [getattr(work_source.sources[int(s)], "read_flat", None) for s in kinds]
@@ -78,7 +78,7 @@ def _flat_from_sources(work_source: StaticMixture, srcs: np.ndarray, docs: np.nd
     return tokens, offsets
 
 
-def _flat_from_docs(work_source: StaticMixture, srcs: np.ndarray, docnos: np.ndarray, runner: DocOpRunner) -> tuple[np.ndarray, np.ndarray]:
+def _flat_from_docs(work_source: WorkSource, srcs: np.ndarray, docnos: np.ndarray, runner: DocOpRunner) -> tuple[np.ndarray, np.ndarray]:
     docs: list[Any] = [None] * len(srcs)
     for s in np.unique(srcs):
         where = np.flatnonzero(srcs == s)
@@ -106,7 +106,7 @@ def _flat_from_docs(work_source: StaticMixture, srcs: np.ndarray, docnos: np.nda
     return tokens, offsets
 
 
-def load_piece(work_source: StaticMixture, runner: DocOpRunner, parts: list[tuple[int, Chunk, int, int]]) -> Piece:
+def load_piece(work_source: WorkSource, runner: DocOpRunner, parts: list[tuple[int, Chunk, int, int]]) -> Piece:
     """Read documents ``lo..hi-1`` of each ``(lane chunk, chunk, lo, hi)`` and run the per-document operators on them."""
     chunk = np.concatenate([np.full(hi - lo, k, dtype=np.int64) for k, _, lo, hi in parts])
     index = np.concatenate([np.arange(lo, hi, dtype=np.int64) for _, _, lo, hi in parts])

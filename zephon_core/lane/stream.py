@@ -14,7 +14,7 @@ from __future__ import annotations
 from concurrent.futures import Executor
 
 from zephon_core.batch import Batch, Cursor
-from zephon_core.curriculum.mixture import StaticMixture
+from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.lane.chunks import LaneChunks
 from zephon_core.lane.docops import DocOpRunner
 from zephon_core.lane.feed import RowFeed
@@ -37,7 +37,7 @@ class LaneStream:
         self,
         lane: int,
         canonical_replicas: int,
-        work_source: StaticMixture,
+        work_source: WorkSource,
         runner: DocOpRunner,
         pack: PackOp,
         shuffle: ShuffleOp | None,

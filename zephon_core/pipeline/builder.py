@@ -12,7 +12,7 @@ from typing import Any
 from zephon_core.batch import Batch, Cursor
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import LaneState, fingerprint_of, make_state, parse_lanes, verify_checksum
-from zephon_core.curriculum.mixture import StaticMixture
+from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError, StateError
 from zephon_core.lane.ops import BatchOp, DocOp, FilterOp, MapOp, Op, PackOp, ShuffleOp, TokenizeOp
 from zephon_core.pipeline.engine import Engine, OperatorChain
@@ -39,8 +39,8 @@ class Pipeline:
     Builder methods return a new ``Pipeline``; the original is unchanged.
     """
 
-    def __init__(self, work_source: StaticMixture, *, _ops: tuple[Op, ...] = (), _options: Options | None = None) -> None:
-        if not isinstance(work_source, StaticMixture):
+    def __init__(self, work_source: WorkSource, *, _ops: tuple[Op, ...] = (), _options: Options | None = None) -> None:
+        if not isinstance(work_source, WorkSource):
             raise ConfigError(f"Pipeline needs a work source such as StaticMixture, got {type(work_source).__name__}")
         self.work_source = work_source
         self._ops = _ops

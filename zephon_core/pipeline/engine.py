@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from zephon_core.batch import Batch, Cursor
 from zephon_core.checkpoint.state import LaneState
-from zephon_core.curriculum.mixture import StaticMixture
+from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.lane.assignment import next_lane
 from zephon_core.lane.docops import DocOpRunner
 from zephon_core.lane.ops import BatchOp, DocOp, PackOp, ShuffleOp
@@ -53,7 +53,7 @@ class Engine:
 
     _END = object()
 
-    def __init__(self, chain: OperatorChain, work_source: StaticMixture, ident: Identity, opts: Options,
+    def __init__(self, chain: OperatorChain, work_source: WorkSource, ident: Identity, opts: Options,
                  restored: Mapping[int, LaneState]) -> None:
         doc_ops, pack, shuffle, batch = chain
         self.lanes = ident.lanes
