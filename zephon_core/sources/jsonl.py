@@ -167,6 +167,10 @@ class JsonlSource(Source):
             out.append(self._parse(self._read_bytes(start, length), int(self._lines[i])))
         return out
 
+    def byte_lengths(self) -> np.ndarray:
+        """Bytes of every record's line (the whole JSON object, not only its text field)."""
+        return self._lengths
+
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
 
