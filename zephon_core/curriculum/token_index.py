@@ -7,10 +7,12 @@ at positions ``0 .. p-1`` (``cumstart``) and the inverse (``position_at``),
 both as pure functions of ``p`` so that chunks stay seekable.
 
 ``TokenIndex`` answers both from the per-document token counts and the
-source's order, keeping per epoch only the token sums of blocks of ``BLOCK``
-consecutive stream positions (8 bytes per ``BLOCK`` documents); a query
-evaluates the order inside one block. Building an epoch's block sums is one
-pass of the order over the source (``docs/performance.md`` measures it).
+source's order. Per epoch it keeps the tokens before every stream position
+for sources of up to ``FULL_PREFIX`` documents, and before every ``BLOCK``-th
+one above (8 bytes per ``BLOCK`` documents; a query then evaluates the order
+inside one block, and recently used blocks are kept). Building an epoch's
+sums is one pass of the order over the source (``docs/performance.md``
+measures it); it is done when a chunk first needs that epoch.
 
 ``measure_tokens`` gives the counts: exact where the source knows them
 (pretokenized sources, ``Source.token_lengths``), else an estimate for text:
@@ -35,10 +37,12 @@ from zephon_core.curriculum.order import SourceOrder
 from zephon_core.errors import ConfigError
 from zephon_core.sources.base import Source
 
-BLOCK = 256
+FULL_PREFIX = 1 << 20  # up to this many documents an epoch keeps the tokens before every position (8 bytes each)
+BLOCK = 64  # above it, the tokens before every BLOCK-th position, and a query evaluates the order in one block
 SAMPLE = 256
-_PASS = 1 << 20  # stream positions mapped at once while building an epoch's block sums
-_EPOCHS_KEPT = 8
+_PASS = 1 << 20  # stream positions mapped at once while building an epoch's sums
+_EPOCHS_KEPT = 4
+_BLOCKS_KEPT = 4096
 
 TokenCounter = Callable[[Sequence[Any]], Sequence[int]]
 """Documents -> the number of tokens each becomes, as the pipeline delivers them (special tokens included)."""
@@ -97,72 +101,83 @@ class TokenIndex:
         self.total = tokens.total
         if self.total <= 0:
             raise ConfigError(f"{where}: every document is empty, so it cannot take a share of tokens")
+        self.block = 1 if self.n <= FULL_PREFIX else BLOCK
         self._lengths = tokens.lengths
         self._order = order
-        self._blocks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._epochs: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._blocks: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
     def _epoch(self, e: int) -> np.ndarray:
         """Tokens before each block of epoch ``e`` (``nb + 1`` entries, the last the epoch's total)."""
         with self._lock:
-            if e in self._blocks:
-                self._blocks.move_to_end(e)
-                return self._blocks[e]
-            n = self.n
-            sums = []
-            for a in range(0, n, _PASS):
-                pos = np.arange(e * n + a, e * n + min(n, a + _PASS), dtype=np.int64)
-                lens = self._lengths[self._order.documents(pos)]
-                pad = (-len(lens)) % BLOCK
-                sums.append(np.concatenate([lens, np.zeros(pad, np.int64)]).reshape(-1, BLOCK).sum(axis=1))
-            prefix = np.concatenate([[0], np.cumsum(np.concatenate(sums))]).astype(np.int64)
-            self._blocks[e] = prefix
-            if len(self._blocks) > _EPOCHS_KEPT:
-                self._blocks.popitem(last=False)
-            return prefix
+            if e in self._epochs:
+                self._epochs.move_to_end(e)
+                return self._epochs[e]
+        n, B = self.n, self.block
+        sums = []
+        for a in range(0, n, _PASS):
+            lens = self._lengths[self._order.documents(np.arange(e * n + a, e * n + min(n, a + _PASS), dtype=np.int64))]
+            if B > 1:
+                lens = np.concatenate([lens, np.zeros((-len(lens)) % B, np.int64)]).reshape(-1, B).sum(axis=1)
+            sums.append(lens)
+        prefix = np.zeros(sum(len(x) for x in sums) + 1, dtype=np.int64)
+        np.cumsum(np.concatenate(sums), out=prefix[1:])
+        with self._lock:
+            self._epochs[e] = prefix
+            if len(self._epochs) > _EPOCHS_KEPT:
+                self._epochs.popitem(last=False)
+        return prefix
 
-    def _within(self, epochs: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """Row ``j``: tokens before each of the ``BLOCK + 1`` positions of block ``blocks[j]`` of epoch ``epochs[j]``."""
-        local = blocks[:, None] * BLOCK + np.arange(BLOCK, dtype=np.int64)
-        inside = local < self.n
-        pos = epochs[:, None] * self.n + np.minimum(local, self.n - 1)
-        lens = np.where(inside, self._lengths[self._order.documents(pos.ravel())].reshape(pos.shape), 0)
-        out = np.zeros((len(blocks), BLOCK + 1), dtype=np.int64)
-        np.cumsum(lens, axis=1, out=out[:, 1:])
-        return out
-
-    def _tables(self, epochs: np.ndarray, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per query: the tokens before its block, and its block's within-table (one evaluation per distinct block)."""
-        key = np.stack([epochs, blocks], axis=1)
-        uniq, inverse = np.unique(key, axis=0, return_inverse=True)
-        inverse = inverse.ravel()
-        before = np.array([self._epoch(int(e))[int(b)] for e, b in uniq], dtype=np.int64)
-        return before[inverse], self._within(uniq[:, 0], uniq[:, 1])[inverse]
+    def _within(self, e: int, blocks: np.ndarray) -> np.ndarray:
+        """Row ``j``: tokens before each of the ``BLOCK + 1`` positions of block ``blocks[j]`` of epoch ``e``, from the block's start."""
+        with self._lock:
+            missing = sorted({b for b in set(blocks.tolist()) if (e, b) not in self._blocks})
+        if missing:
+            local = np.asarray(missing, dtype=np.int64)[:, None] * BLOCK + np.arange(BLOCK, dtype=np.int64)
+            pos = e * self.n + np.minimum(local, self.n - 1)
+            lens = np.where(local < self.n, self._lengths[self._order.documents(pos.ravel())].reshape(pos.shape), 0)
+            rows = np.zeros((len(missing), BLOCK + 1), dtype=np.int64)
+            np.cumsum(lens, axis=1, out=rows[:, 1:])
+            with self._lock:
+                for b, row in zip(missing, rows):
+                    self._blocks[(e, b)] = row
+                while len(self._blocks) > max(_BLOCKS_KEPT, 2 * len(blocks)):
+                    self._blocks.popitem(last=False)
+        with self._lock:
+            return np.stack([self._blocks[(e, int(b))] for b in blocks])
 
     def cumstart(self, positions: np.ndarray) -> np.ndarray:
         """Tokens of the documents at stream positions ``0 .. p-1``, for each ``p``."""
         p = np.asarray(positions, dtype=np.int64)
-        if not p.size:
-            return p.copy()
-        e, r = np.divmod(p, self.n)
-        b = r // BLOCK
-        before, within = self._tables(e, b)
-        return e * self.total + before + within[np.arange(len(p)), r - b * BLOCK]
+        out = np.empty_like(p)
+        epochs, r = np.divmod(p, self.n)
+        for e in np.unique(epochs).tolist():
+            sel = epochs == e
+            prefix, rs = self._epoch(e), r[sel]
+            if self.block == 1:
+                out[sel] = e * self.total + prefix[rs]
+                continue
+            b = rs // BLOCK
+            out[sel] = e * self.total + prefix[b] + self._within(e, b)[np.arange(len(rs)), rs - b * BLOCK]
+        return out
 
     def position_at(self, tokens: np.ndarray) -> np.ndarray:
         """The first stream position ``p`` with ``cumstart(p) >= x``, for each ``x >= 0``."""
         x = np.asarray(tokens, dtype=np.int64)
         out = np.zeros_like(x)
-        live = x > 0
-        if not live.any():
-            return out
-        xs = x[live]
+        live = np.flatnonzero(x > 0)
         # x in (e*total, (e+1)*total] is reached inside epoch e: trailing empty documents of an
         # epoch precede the next one's first position.
-        e = (xs - 1) // self.total
-        r = xs - e * self.total
-        b = np.array([np.searchsorted(self._epoch(int(ei)), ri, side="left") - 1 for ei, ri in zip(e, r)], dtype=np.int64)
-        before, within = self._tables(e, b)
-        j = (within < (r - before)[:, None]).sum(axis=1)
-        out[live] = e * self.n + b * BLOCK + j
+        epochs = (x[live] - 1) // self.total
+        for e in np.unique(epochs).tolist():
+            idx = live[epochs == e]
+            prefix, r = self._epoch(e), x[idx] - e * self.total
+            if self.block == 1:
+                out[idx] = e * self.n + np.searchsorted(prefix, r, side="left")
+                continue
+            b = np.searchsorted(prefix, r, side="left") - 1
+            within = self._within(e, b)
+            j = (within < (r - prefix[b])[:, None]).sum(axis=1)
+            out[idx] = e * self.n + b * BLOCK + j
         return out

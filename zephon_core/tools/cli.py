@@ -189,7 +189,7 @@ def cmd_verify_elastic(a: argparse.Namespace) -> int:
                                      lambda ph: progress.step(f"elastic dp={ph.dp_degree}"))
     more, _ = simulate.run_phase(maker(resumed), simulate.Phase(a.to, a.steps - a.checkpoint_step), B, state,
                                  lambda ph: progress.step(f"elastic dp={ph.dp_degree}"))
-    change = f"dp_degree {a.from_} -> {a.to}" + (f" and {a.resume_recipe}" if a.resume_recipe else "") + f" at step {a.checkpoint_step}"
+    change = f"{a.from_} -> {a.to} at step {a.checkpoint_step}" + (f", resumed with {a.resume_recipe}" if a.resume_recipe else "")
     bad = simulate.first_mismatch(ref_records, recs + more, provenance=True)
     ws = maker(resumed)(1, 0).work_source
     audit = curriculum_audit.audit_curriculum(ws, curriculum_audit.chunks_read(ref_state))
@@ -198,7 +198,7 @@ def cmd_verify_elastic(a: argparse.Namespace) -> int:
         print(audit.summary(ws))
         return 0
     if bad is not None:
-        print(f"MISMATCH at global step {bad + 1}: {change} changes the samples of that step (C={C}, {B} batches per step)")
+        print(f"MISMATCH at global step {bad + 1}: dp_degree {change} changes the samples of that step (C={C}, {B} batches per step)")
     for problem in audit.problems:
         print(f"CURRICULUM: {problem}")
     return 1
@@ -224,8 +224,10 @@ def cmd_trace(a: argparse.Namespace) -> int:
         state = p.checkpoint()
     print(f"global step {a.step}: {B} batches (C={C}; lanes {owned_lanes(C, 1, 0)})")
     for b in sorted(batches, key=lambda b: (b.lane, b.lane_index)):
-        stage = curriculum_audit.stage_name(p.work_source, b.lane + b.cursor.chunk * C)
-        print(f"  lane {b.lane} batch {b.lane_index}  digest {b.digest}" + (f"  stage {stage!r}" if stage else ""))
+        g = b.lane + b.cursor.chunk * C
+        stage = curriculum_audit.stage_name(p.work_source, g)
+        where = f"  (then at global chunk {g}" + (f", stage {stage!r})" if stage else ")")
+        print(f"  lane {b.lane} batch {b.lane_index}  digest {b.digest}{where}")
         for r, segs in enumerate(b.provenance):
             parts = ", ".join(f"{names[s.source]}#{s.document}[{s.start}:{s.stop}]" for s in segs)
             print(f"    row {r}: {parts}")

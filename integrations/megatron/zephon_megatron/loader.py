@@ -336,7 +336,7 @@ def provide(args: Any) -> tuple[Any, Any, Any]:
         options.update(world_size=dp, global_rank=dp_rank, aggregate_dir=coord.aggregate_dir, run_id=coord.run_id,
                        aggregate_timeout_s=coord.aggregate_timeout_s)
     pipeline = recipe.build(seq_len=args.seq_length, batch_size=args.micro_batch_size, tokenizer=tok, bos_id=None,
-                            eos_id=eod if tok is not None else None, **options)
+                            eos_id=eod if tok is not None else None, global_batch_size=int(args.global_batch_size), **options)
     if resumed is not None:
         pipeline.restore(resumed.state)
     train = ZephonTrainIterator(pipeline, fmt, start_iteration=iteration, num_microbatches=nmb, batches_per_step=bps,

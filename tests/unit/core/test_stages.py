@@ -246,3 +246,26 @@ def test_restoring_deep_into_a_staged_run_reads_no_more_than_near_its_start():
     (early_chunk, early), (late_chunk, late) = reads(3), reads(600)
     assert late_chunk * 4 > 42 > early_chunk * 4  # the late state is in the third stage, the early one in the first
     assert late <= 2 * max(early, 32)
+
+
+@pytest.mark.parametrize("full_prefix", [True, False])
+def test_the_token_index_agrees_with_a_running_sum_of_the_stream(monkeypatch, full_prefix):
+    from zephon_core.curriculum import token_index
+    from zephon_core.curriculum.order import EpochPermutation, SourceOrder
+    from zephon_core.curriculum.token_index import DocumentTokens, TokenIndex
+
+    monkeypatch.setattr(token_index, "FULL_PREFIX", 10**9 if full_prefix else 0)
+    monkeypatch.setattr(token_index, "BLOCK", 8)
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        n = int(rng.integers(1, 300))
+        lengths = (rng.integers(0, 5, n) * (rng.random(n) < 0.7)).astype(np.int64)
+        lengths[0] += not lengths.any()
+        order = EpochPermutation(n, trial, 0) if trial % 2 else SourceOrder(n)
+        index = TokenIndex(DocumentTokens(lengths, {"method": "exact"}), order, "t")
+        stream = np.concatenate([lengths[order.documents(np.arange(e * n, (e + 1) * n))] for e in range(3)])
+        running = np.concatenate([[0], np.cumsum(stream)])
+        p = rng.integers(0, 3 * n, 40)
+        assert np.array_equal(index.cumstart(p), running[p])
+        x = rng.integers(0, 2 * lengths.sum() + 1, 40)
+        assert np.array_equal(index.position_at(x), np.searchsorted(running, x, side="left"))
