@@ -15,9 +15,11 @@ process, zephon_core only:
 * boundary: a stage starting at optimizer step 200 (its start converted to a
   chunk by planned tokens): the steps at which the lanes' data actually
   switched;
-* throughput: batches/s of the same data as a ``StaticMixture`` and as a
-  one-stage ``StagedMixture``, and of a three-stage token-weighted schedule,
-  interleaved rounds, medians;
+* throughput: batches per wall and per CPU second of the same data as a
+  ``StaticMixture`` and as a one-stage ``StagedMixture`` (one source, and the
+  three), and of token weights beside the document weights that give the same
+  expected token shares (shorter documents per token cost more, whatever picks
+  them), interleaved rounds, medians;
 * cost: building one epoch's token index (per million documents) and computing
   32 chunk descriptors (static vs token-weighted).
 
@@ -144,41 +146,59 @@ def measure_boundary(files, steps: int = 400, at: int = 200) -> dict:
     return out
 
 
-def rate(p, seconds: float) -> float:
+def rate(p, seconds: float) -> tuple[float, float]:
+    """Batches per wall second and per CPU second of the process (all its threads): on a shared
+    machine the second is the steadier measure of what the data path costs."""
     it = iter(p)
     for _ in range(20):
         next(it)
-    n, t0 = 0, time.perf_counter()
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         next(it)
         n += 1
-    rate = n / (time.perf_counter() - t0)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     p.close()
-    return rate
+    return n / wall, n / max(cpu, 1e-9)
 
 
 def measure_throughput(files, paths, tok, rounds: int, seconds: float) -> dict:
+    """Pairs of the same data (or, for token weights, a document-weighted mixture with the same
+    expected token shares: weights / mean document lengths), so a difference is the machinery's."""
     one = [TokenArraySource(paths["tokens"], paths["offsets"], name="corpus")]
     text = [JsonlSource(paths["jsonl"], name="corpus", cache_dir=str(WORK / "index"))]
+    means = [float(s.token_lengths().mean()) for s in sources(files, False)]
+    same_shares = [w / m for w, m in zip(WEIGHTS.values(), means)]
+    by_tokens = [Stage(dict(WEIGHTS), "main", weight_by="tokens")]
     three = [Stage({"short": 1, "middle": 1}, "a"), Stage(dict(WEIGHTS), "b", start_chunk=40, weight_by="tokens"),
              Stage({"long": 1, "short": 1}, "c", start_chunk=400, weight_by="tokens")]
+    count = token_counter(tok, eos_id=EOS)
     cases = {
-        "pretokenized StaticMixture": lambda: pipeline(StaticMixture(one, seed=3)),
-        "pretokenized StagedMixture, one stage (same data)": lambda: pipeline(StagedMixture(one, [Stage({"corpus": 1})], seed=3)),
-        "pretokenized StagedMixture, 3 stages by tokens": lambda: pipeline(StagedMixture(sources(files, False), three, seed=3)),
-        "text StaticMixture": lambda: pipeline(StaticMixture(text, seed=3), tok),
-        "text StagedMixture, one stage (same data)": lambda: pipeline(StagedMixture(text, [Stage({"corpus": 1})], seed=3), tok),
-        "text StagedMixture, 3 stages by tokens": lambda: pipeline(StagedMixture(sources(files, True), three, seed=3,
-                                                                                 token_counter=token_counter(tok, eos_id=EOS)), tok),
+        "pretokenized, 1 source: StaticMixture": lambda: pipeline(StaticMixture(one, seed=3)),
+        "pretokenized, 1 source: StagedMixture, one stage (same data)": lambda: pipeline(StagedMixture(one, [Stage({"corpus": 1})], seed=3)),
+        "pretokenized, 3 sources: StaticMixture 0.5/0.3/0.2": lambda: pipeline(StaticMixture(sources(files, False), list(WEIGHTS.values()), seed=3)),
+        "pretokenized, 3 sources: StagedMixture, one stage by documents (same data)": lambda: pipeline(
+            StagedMixture(sources(files, False), [Stage(dict(WEIGHTS))], seed=3)),
+        "pretokenized, 3 sources: StaticMixture, document weights for the same token shares": lambda: pipeline(
+            StaticMixture(sources(files, False), same_shares, seed=3)),
+        "pretokenized, 3 sources: StagedMixture, one stage by tokens": lambda: pipeline(StagedMixture(sources(files, False), by_tokens, seed=3)),
+        "pretokenized, 3 sources: StagedMixture, 3 stages": lambda: pipeline(StagedMixture(sources(files, False), three, seed=3)),
+        "text, 1 source: StaticMixture": lambda: pipeline(StaticMixture(text, seed=3), tok),
+        "text, 1 source: StagedMixture, one stage (same data)": lambda: pipeline(StagedMixture(text, [Stage({"corpus": 1})], seed=3), tok),
+        "text, 3 sources: StaticMixture, document weights for the same token shares": lambda: pipeline(
+            StaticMixture(sources(files, True), same_shares, seed=3), tok),
+        "text, 3 sources: StagedMixture, one stage by tokens (estimated)": lambda: pipeline(
+            StagedMixture(sources(files, True), by_tokens, seed=3, token_counter=count), tok),
     }
-    got: dict[str, list[float]] = {k: [] for k in cases}
+    got: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
     for _ in range(rounds):
         for k, make in cases.items():
             got[k].append(rate(make(), seconds))
-    return {k: {"batches_per_s": round(statistics.median(v), 1), "rounds": [round(x, 1) for x in v]} for k, v in got.items()}
+    return {k: {"batches_per_s": round(statistics.median(w for w, _ in v), 1), "batches_per_cpu_s": round(statistics.median(c for _, c in v), 1),
+                "rounds_cpu": [round(c, 1) for _, c in v]} for k, v in got.items()}
 
 
 def measure_cost() -> dict:
+    from zephon_core.curriculum import token_index
     from zephon_core.curriculum.order import EpochPermutation
     from zephon_core.curriculum.token_index import DocumentTokens, TokenIndex
 
@@ -191,7 +211,7 @@ def measure_cost() -> dict:
     big = [_Lengths(n, lengths, "a"), _Lengths(n // 2, lengths[: n // 2], "b")]
     static = StaticMixture(big, [0.6, 0.4], seed=1, chunk_size=64)
     staged = StagedMixture(big, [Stage({"a": 0.6, "b": 0.4}, weight_by="tokens")], seed=1, chunk_size=64)
-    out = {"index_build_ms_per_million_documents": round(build_ms, 1), "index_bytes_per_epoch_per_million_documents": int(1e6 / 256 * 8)}
+    out = {"index_build_ms_per_million_documents": round(build_ms, 1), "index_bytes_per_epoch_per_million_documents": int(1e6 / token_index.BLOCK * 8)}
     for label, ws in (("static", static), ("staged_tokens", staged)):
         ws.chunks(list(range(32)))
         t0 = time.perf_counter()
@@ -235,7 +255,7 @@ def main() -> None:
         "setup": {"seq_len": SEQ_LEN, "batch": BATCH, "canonical_replicas": C, "steps": steps, "weights": WEIGHTS, "corpus": meta["key"]},
         "shares": measure_shares(files, tok, steps),
         "boundary": measure_boundary(files),
-        "throughput": measure_throughput(files, paths, tok, 1 if a.quick else 3, 1.0 if a.quick else 4.0),
+        "throughput": measure_throughput(files, paths, tok, 1 if a.quick else 5, 1.0 if a.quick else 3.0),
         "cost": measure_cost(),
     }
     out = ROOT / "bench" / "results" / "curriculum.json"

@@ -207,12 +207,14 @@ class StagedMixture(WorkSource):
         garr = np.asarray(live, dtype=np.int64)
         per_source = []
         for s, order in enumerate(self._orders):
+            index = self._schedule.indices.get(s)
             lo, hi = self._schedule.bounds(s, garr)
             if end is not None:  # "stop": no source of a live chunk has passed its first epoch; clip the last chunk
                 hi = np.minimum(hi, len(self.sources[s]))
                 lo = np.minimum(lo, hi)
             counts = hi - lo
-            docs = order.documents(gather_index(lo, counts)) if counts.sum() else np.zeros(0, dtype=np.int64)
+            positions = gather_index(lo, counts)
+            docs = (index or order).documents(positions) if counts.sum() else np.zeros(0, dtype=np.int64)
             per_source.append(np.split(docs, np.cumsum(counts)[:-1]))
         by_g = interleave(live, per_source, self.seed, self.shuffle)
         return [by_g.get(g) for g in gs]

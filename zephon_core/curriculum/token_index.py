@@ -7,9 +7,10 @@ at positions ``0 .. p-1`` (``cumstart``) and the inverse (``position_at``),
 both as pure functions of ``p`` so that chunks stay seekable.
 
 ``TokenIndex`` answers both from the per-document token counts and the
-source's order. Per epoch it keeps the tokens before every stream position
-for sources of up to ``FULL_PREFIX`` documents, and before every ``BLOCK``-th
-one above (8 bytes per ``BLOCK`` documents; a query then evaluates the order
+source's order. Per epoch it keeps, for sources of up to ``FULL_PREFIX``
+documents, the epoch's order itself (which then also gives the chunks their
+documents) and the tokens before every stream position; above, the tokens
+before every ``BLOCK``-th position (8 bytes per ``BLOCK`` documents; a query then evaluates the order
 inside one block, and recently used blocks are kept). Building an epoch's
 sums is one pass of the order over the source (``docs/performance.md``
 measures it); it is done when a chunk first needs that epoch.
@@ -37,11 +38,11 @@ from zephon_core.curriculum.order import SourceOrder
 from zephon_core.errors import ConfigError
 from zephon_core.sources.base import Source
 
-FULL_PREFIX = 1 << 20  # up to this many documents an epoch keeps the tokens before every position (8 bytes each)
+FULL_PREFIX = 1 << 19  # up to this many documents an epoch keeps its order and the tokens before every position (16 bytes each)
 BLOCK = 64  # above it, the tokens before every BLOCK-th position, and a query evaluates the order in one block
 SAMPLE = 256
 _PASS = 1 << 20  # stream positions mapped at once while building an epoch's sums
-_EPOCHS_KEPT = 4
+_EPOCHS_KEPT = 3
 _BLOCKS_KEPT = 4096
 
 TokenCounter = Callable[[Sequence[Any]], Sequence[int]]
@@ -104,48 +105,64 @@ class TokenIndex:
         self.block = 1 if self.n <= FULL_PREFIX else BLOCK
         self._lengths = tokens.lengths
         self._order = order
-        self._epochs: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._epochs: OrderedDict[int, tuple[np.ndarray | None, np.ndarray]] = OrderedDict()
         self._blocks: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _epoch(self, e: int) -> np.ndarray:
-        """Tokens before each block of epoch ``e`` (``nb + 1`` entries, the last the epoch's total)."""
+    def _epoch(self, e: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """Epoch ``e``'s order (full mode; else None) and the tokens before each of its blocks (``nb + 1`` entries)."""
         with self._lock:
             if e in self._epochs:
                 self._epochs.move_to_end(e)
                 return self._epochs[e]
         n, B = self.n, self.block
+        order = self._order.documents(np.arange(e * n, e * n + n, dtype=np.int64)) if B == 1 else None
         sums = []
         for a in range(0, n, _PASS):
-            lens = self._lengths[self._order.documents(np.arange(e * n + a, e * n + min(n, a + _PASS), dtype=np.int64))]
+            docs = order[a : a + _PASS] if order is not None else self._order.documents(np.arange(e * n + a, e * n + min(n, a + _PASS), dtype=np.int64))
+            lens = self._lengths[docs]
             if B > 1:
                 lens = np.concatenate([lens, np.zeros((-len(lens)) % B, np.int64)]).reshape(-1, B).sum(axis=1)
             sums.append(lens)
         prefix = np.zeros(sum(len(x) for x in sums) + 1, dtype=np.int64)
         np.cumsum(np.concatenate(sums), out=prefix[1:])
         with self._lock:
-            self._epochs[e] = prefix
+            self._epochs[e] = (order, prefix)
             if len(self._epochs) > _EPOCHS_KEPT:
                 self._epochs.popitem(last=False)
-        return prefix
+        return order, prefix
+
+    def documents(self, positions: np.ndarray) -> np.ndarray:
+        """``order.documents(positions)``, from the kept epoch orders where there are some."""
+        p = np.asarray(positions, dtype=np.int64)
+        if self.block != 1 or not p.size:
+            return self._order.documents(p)
+        out = np.empty_like(p)
+        epochs, r = np.divmod(p, self.n)
+        for e in np.unique(epochs).tolist():
+            sel = epochs == e
+            order, _ = self._epoch(e)
+            assert order is not None
+            out[sel] = order[r[sel]]
+        return out
 
     def _within(self, e: int, blocks: np.ndarray) -> np.ndarray:
         """Row ``j``: tokens before each of the ``BLOCK + 1`` positions of block ``blocks[j]`` of epoch ``e``, from the block's start."""
         with self._lock:
-            missing = sorted({b for b in set(blocks.tolist()) if (e, b) not in self._blocks})
+            rows = {b: self._blocks.get((e, b)) for b in set(blocks.tolist())}
+        missing = sorted(b for b, row in rows.items() if row is None)
         if missing:
             local = np.asarray(missing, dtype=np.int64)[:, None] * BLOCK + np.arange(BLOCK, dtype=np.int64)
             pos = e * self.n + np.minimum(local, self.n - 1)
             lens = np.where(local < self.n, self._lengths[self._order.documents(pos.ravel())].reshape(pos.shape), 0)
-            rows = np.zeros((len(missing), BLOCK + 1), dtype=np.int64)
-            np.cumsum(lens, axis=1, out=rows[:, 1:])
+            fresh = np.zeros((len(missing), BLOCK + 1), dtype=np.int64)
+            np.cumsum(lens, axis=1, out=fresh[:, 1:])
             with self._lock:
-                for b, row in zip(missing, rows):
-                    self._blocks[(e, b)] = row
-                while len(self._blocks) > max(_BLOCKS_KEPT, 2 * len(blocks)):
+                for b, row in zip(missing, fresh):
+                    rows[b] = self._blocks[(e, b)] = row
+                while len(self._blocks) > _BLOCKS_KEPT:
                     self._blocks.popitem(last=False)
-        with self._lock:
-            return np.stack([self._blocks[(e, int(b))] for b in blocks])
+        return np.stack([rows[b] for b in blocks.tolist()])
 
     def cumstart(self, positions: np.ndarray) -> np.ndarray:
         """Tokens of the documents at stream positions ``0 .. p-1``, for each ``p``."""
@@ -154,7 +171,7 @@ class TokenIndex:
         epochs, r = np.divmod(p, self.n)
         for e in np.unique(epochs).tolist():
             sel = epochs == e
-            prefix, rs = self._epoch(e), r[sel]
+            prefix, rs = self._epoch(e)[1], r[sel]
             if self.block == 1:
                 out[sel] = e * self.total + prefix[rs]
                 continue
@@ -172,7 +189,7 @@ class TokenIndex:
         epochs = (x[live] - 1) // self.total
         for e in np.unique(epochs).tolist():
             idx = live[epochs == e]
-            prefix, r = self._epoch(e), x[idx] - e * self.total
+            prefix, r = self._epoch(e)[1], x[idx] - e * self.total
             if self.block == 1:
                 out[idx] = e * self.n + np.searchsorted(prefix, r, side="left")
                 continue

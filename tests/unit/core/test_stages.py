@@ -269,3 +269,4 @@ def test_the_token_index_agrees_with_a_running_sum_of_the_stream(monkeypatch, fu
         assert np.array_equal(index.cumstart(p), running[p])
         x = rng.integers(0, 2 * lengths.sum() + 1, 40)
         assert np.array_equal(index.position_at(x), np.searchsorted(running, x, side="left"))
+        assert np.array_equal(index.documents(p), order.documents(p))
