@@ -149,8 +149,8 @@ class TokenIndex:
     def _within(self, e: int, blocks: np.ndarray) -> np.ndarray:
         """Row ``j``: tokens before each of the ``BLOCK + 1`` positions of block ``blocks[j]`` of epoch ``e``, from the block's start."""
         with self._lock:
-            rows = {b: self._blocks.get((e, b)) for b in set(blocks.tolist())}
-        missing = sorted(b for b, row in rows.items() if row is None)
+            rows = {b: self._blocks[(e, b)] for b in set(blocks.tolist()) if (e, b) in self._blocks}
+        missing = sorted(set(blocks.tolist()) - set(rows))
         if missing:
             local = np.asarray(missing, dtype=np.int64)[:, None] * BLOCK + np.arange(BLOCK, dtype=np.int64)
             pos = e * self.n + np.minimum(local, self.n - 1)
