@@ -87,7 +87,8 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     ws = d.get("work_source", {})
     print(f"  work source:        {ws.get('kind')} seed={ws.get('seed')} chunk_size={ws.get('chunk_size')} exhausted={ws.get('exhausted')}")
     for s in ws.get("sources", []):
-        print(f"    {s.get('name')}: {s.get('kind')} weight={s.get('weight')} size={s.get('size', s.get('documents', '?'))}")
+        weight = f" weight={s['weight']}" if "weight" in s else ""
+        print(f"    {s.get('name')}: {s.get('kind')}{weight} size={s.get('size', s.get('documents', '?'))}")
     for n, st in enumerate(ws.get("stages", [])):
         weights = ", ".join(f"{k}={v}" for k, v in st.get("weights", {}).items())
         print(f"    stage {n} {st.get('name')!r}: from global chunk {st.get('start_chunk')} ({st.get('start')}), weight_by={st.get('weight_by')}: {weights}")
