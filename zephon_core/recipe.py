@@ -4,9 +4,12 @@
     chunk_size = 32
     canonical_replicas = 8
 
+    block_size = 0               # > 0: shuffle blocks of consecutive documents (docs/sources_at_scale.md)
+
     [[sources]]
-    path = "corpus/a.jsonl"      # relative paths resolve from the recipe's folder
+    path = "corpus/a.jsonl"      # relative paths resolve from the recipe's folder; a glob or a folder
     weight = 0.7                 # format = "jsonl" | "parquet" | "token_array" | "megatron"
+                                 # or paths = ["a/*.jsonl.gz", "b/"]: one source over all their files
 
     [shuffle]                    # optional: shuffle packed rows in windows
     window = 64
@@ -48,7 +51,8 @@ TOKEN_FORMATS = ("token_array", "megatron")
 
 @dataclass
 class SourceSpec:
-    path: str = "???"
+    path: Optional[str] = None
+    paths: Optional[list[str]] = None
     format: str = "jsonl"
     weight: float = 1.0
     text_field: str = "text"
@@ -93,6 +97,8 @@ class RecipeSpec:
     chunk_size: int = 64
     exhausted: str = "repeat"
     shuffle_documents: bool = True
+    block_size: int = 0
+    block_window: int = 8
     pack_mode: str = "concat"
     canonical_replicas: Optional[int] = None
     shuffle: ShuffleSpec = field(default_factory=ShuffleSpec)
@@ -119,8 +125,12 @@ class Recipe:
             raise self._err("sources", "at least one [[sources]] entry is required")
         kinds = set()
         for n, src in enumerate(s.sources):
-            if src.path == "???":
-                raise self._err(f"sources[{n}].path", "missing")
+            if (src.path is None) == (src.paths is None):
+                raise self._err(f"sources[{n}].path", "give either path (a file, a glob or a folder) or paths (a list of them)")
+            if src.paths is not None and not src.paths:
+                raise self._err(f"sources[{n}].paths", "must list at least one path")
+            if src.paths is not None and src.format == "token_array":
+                raise self._err(f"sources[{n}].paths", "a token_array source is one .npy pair; use path and offsets")
             if src.format not in TEXT_FORMATS + TOKEN_FORMATS:
                 raise self._err(f"sources[{n}].format", f"unknown format {src.format!r}; use one of {TEXT_FORMATS + TOKEN_FORMATS}")
             require_positive_number(src.weight, f"{self.path}: sources[{n}].weight")
@@ -133,6 +143,7 @@ class Recipe:
         require_choice(s.pack_mode, f"{self.path}: pack_mode", PACK_MODES)
         require_choice(s.execution.runner, f"{self.path}: execution.runner", RUNNERS)
         minimums = [("chunk_size", s.chunk_size, 1), ("shuffle.window", s.shuffle.window, 0), ("execution.parallelism", s.execution.parallelism, 1),
+                    ("block_size", s.block_size, 0), ("block_window", s.block_window, 1),
                     ("execution.prefetch", s.execution.prefetch, 0), ("execution.readahead", s.execution.readahead, 0)]
         if s.canonical_replicas is not None:
             minimums.append(("canonical_replicas", s.canonical_replicas, 1))
@@ -154,12 +165,13 @@ class Recipe:
     def sources(self) -> list[Source]:
         out: list[Source] = []
         for src in self.spec.sources:
-            path = self.resolve(src.path)
+            path: str | list[str] = [self.resolve(p) for p in src.paths] if src.paths is not None else self.resolve(src.path or "")
             if src.format == "jsonl":
                 out.append(JsonlSource(path, src.text_field, name=src.name))
             elif src.format == "parquet":
                 out.append(ParquetSource(path, src.text_field, name=src.name))
             elif src.format == "token_array":
+                assert isinstance(path, str)
                 out.append(TokenArraySource(path, self.resolve(src.offsets or ""), name=src.name))
             else:
                 out.append(MegatronIndexedSource(path, name=src.name))
@@ -169,7 +181,7 @@ class Recipe:
         s = self.spec
         return StaticMixture(
             self.sources(), [src.weight for src in s.sources], seed=s.seed, chunk_size=s.chunk_size,
-            exhausted=s.exhausted, shuffle=s.shuffle_documents,
+            exhausted=s.exhausted, shuffle=s.shuffle_documents, block_size=s.block_size or None, block_window=s.block_window,
         )
 
     def build(
