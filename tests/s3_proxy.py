@@ -126,7 +126,8 @@ class S3Proxy:
                     for k, v in resp.getheaders():
                         if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                             self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
+                    # A HEAD answer has no body but the object's length.
+                    self.send_header("Content-Length", resp.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data)))
                     self.end_headers()
                     if self.command == "HEAD":
                         return

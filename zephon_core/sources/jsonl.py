@@ -20,7 +20,7 @@ from zephon_core.sources import index_cache, manifest
 from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs
 from zephon_core.sources.files import DEFAULT_ACCESS, Access
 from zephon_core.sources.manifest import ShardMeta
-from zephon_core.sources.remote import LocalBytes, RemoteBytes, fetch_object
+from zephon_core.sources.remote import LocalBytes, RemoteBytes, fetch_object, iter_bytes
 from zephon_core.sources.shard_cache import ShardCache
 from zephon_core.sources.sharded import ShardedSource
 
@@ -132,9 +132,10 @@ class JsonlFile(Source):
         ends = starts + lengths
         if starts[0] < 0 or np.any(lengths <= 0) or np.any(starts[1:] <= ends[:-1]) or np.any(np.diff(lines) <= 0):
             return False
-        with self._bytes.open() as f:  # nothing but whitespace may follow the last record
-            f.seek(int(ends[-1]))
-            return not f.read().strip()
+        if int(ends[-1]) > self._bytes.size:
+            return False
+        (tail,) = self._bytes.read_many([(int(ends[-1]), self._bytes.size - int(ends[-1]))])  # only whitespace may follow
+        return not tail.strip()
 
     def _build_index(self) -> dict[str, np.ndarray]:
         starts: list[int] = []
@@ -143,32 +144,32 @@ class JsonlFile(Source):
         offset = 0
         lineno = 0
         carry = b""
-        with self._bytes.open() as f:
-            while True:
-                block = f.read(_READ_BLOCK)
-                if not block and not carry:
-                    break
-                data = carry + block
-                if block:
-                    cut = data.rfind(b"\n") + 1
-                    if cut == 0:
-                        carry = data
-                        continue
-                    data, carry = data[:cut], data[cut:]
-                else:
-                    carry = b""
-                pos = 0
-                # Only "\n" ends a record: a lone "\r" is whitespace inside JSON.
-                for raw in (data[:-1] if data.endswith(b"\n") else data).split(b"\n"):
-                    lineno += 1
-                    body = raw[:-1] if raw.endswith(b"\r") else raw
-                    if body.strip():
-                        self._parse(body, lineno)
-                        starts.append(offset + pos)
-                        lengths.append(len(body))
-                        lines.append(lineno)
-                    pos += len(raw) + 1
-                offset += pos
+        blocks = iter_bytes(self._bytes, _READ_BLOCK)
+        while True:
+            block = next(blocks, b"")
+            if not block and not carry:
+                break
+            data = carry + block
+            if block:
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:
+                    carry = data
+                    continue
+                data, carry = data[:cut], data[cut:]
+            else:
+                carry = b""
+            pos = 0
+            # Only "\n" ends a record: a lone "\r" is whitespace inside JSON.
+            for raw in (data[:-1] if data.endswith(b"\n") else data).split(b"\n"):
+                lineno += 1
+                body = raw[:-1] if raw.endswith(b"\r") else raw
+                if body.strip():
+                    self._parse(body, lineno)
+                    starts.append(offset + pos)
+                    lengths.append(len(body))
+                    lines.append(lineno)
+                pos += len(raw) + 1
+            offset += pos
         return {
             "starts": np.asarray(starts, dtype=np.int64),
             "lengths": np.asarray(lengths, dtype=np.int64),

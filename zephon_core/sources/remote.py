@@ -62,6 +62,7 @@ class LocalBytes:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.size = os.path.getsize(path)
         self._fd: int | None = None
         self._lock = threading.Lock()
         self.requests = 0
@@ -72,9 +73,6 @@ class LocalBytes:
                 if self._fd is None:
                     self._fd = os.open(self.path, os.O_RDONLY)
         return [os.pread(self._fd, length, start) for start, length in spans]
-
-    def open(self) -> Any:
-        return open(self.path, "rb")
 
     def __del__(self) -> None:
         fd = getattr(self, "_fd", None)
@@ -95,11 +93,12 @@ class RemoteBytes:
         self._lock = threading.Lock()
         self.requests = 0  # how many range requests this object cost (for benchmarks)
 
-    def open(self) -> Any:
-        return self.fs.open(self.path, "rb")
-
     def read_many(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
         """The bytes of each ``(start, length)`` span, in order."""
+        if len(spans) == 1 and spans[0][1] >= PAGE_BYTES * MAX_REQUEST_PAGES // 2:  # a big read (a scan): no caching
+            start, length = spans[0]
+            self.requests += 1
+            return [fetch_range(self.fs, self.path, start, start + length, self.attempts)]
         wanted = sorted({p for start, length in spans for p in range(start // PAGE_BYTES, (start + max(length, 1) - 1) // PAGE_BYTES + 1)})
         pages = self._pages_for(wanted)
         out = []
@@ -146,3 +145,13 @@ def fetch_object(fs: fsspec.AbstractFileSystem, path: str, size: int, out: Any, 
     step = PAGE_BYTES * MAX_REQUEST_PAGES
     for start in range(0, size, step):
         out.write(fetch_range(fs, path, start, min(size, start + step), attempts))
+
+
+def iter_bytes(reader: LocalBytes | RemoteBytes, step: int = 4 << 20) -> Any:
+    """The whole content of ``reader`` in verified blocks of ``step`` bytes (a store's stream API can
+    hide a failed request as an early end of file; these reads cannot)."""
+    for start in range(0, reader.size, step):
+        (block,) = reader.read_many([(start, min(step, reader.size - start))])
+        if len(block) != min(step, reader.size - start):
+            raise DataError(f"{reader.path}: short read at byte {start} ({len(block)} bytes)")
+        yield block
