@@ -202,7 +202,7 @@ def test_follower_refuses_a_merged_file_holding_a_pickle(tmp_path, rel):
 def _count_builds(monkeypatch) -> list:
     calls: list = []
     original = JsonlFile._build_index
-    monkeypatch.setattr(JsonlFile, "_build_index", lambda self: calls.append(1) or original(self))
+    monkeypatch.setattr(JsonlFile, "_build_index", lambda self, *whole: calls.append(1) or original(self, *whole))
     return calls
 
 

@@ -70,6 +70,15 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
+def sample_digest(data: bytes) -> str:
+    """``content_fingerprint``'s sample hash of a whole file held in memory (the same value)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(data[:_SAMPLE_BYTES])
+    if len(data) > _SAMPLE_BYTES:
+        h.update(data[max(_SAMPLE_BYTES, len(data) - _SAMPLE_BYTES):])
+    return h.hexdigest()
+
+
 def content_fingerprint(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
     """Size plus a hash of the first and last MiB of one file."""
     try:

@@ -17,15 +17,16 @@ import numpy as np
 
 from zephon_core.errors import DataError
 from zephon_core.sources import index_cache, manifest
-from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs
-from zephon_core.sources.files import DEFAULT_ACCESS, Access
+from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs, sample_digest
+from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
-from zephon_core.sources.remote import LocalBytes, RemoteBytes, fetch_object, iter_bytes
+from zephon_core.sources.remote import LocalBytes, RemoteBytes, fetch_object, fetch_range, iter_bytes
 from zephon_core.sources.shard_cache import ShardCache
 from zephon_core.sources.sharded import ShardedSource
 
 _READ_BLOCK = 1 << 22
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+SMALL_OBJECT_BYTES = 2 << 20  # fetched whole at start-up instead of sampled and scanned in several requests
 
 
 def _decompressor(path: str) -> str | None:
@@ -58,18 +59,30 @@ class JsonlFile(Source):
 
     def __init__(self, path: str, text_field: str | None = "text", *, name: str | None = None, storage_options: dict[str, Any] | None = None,
                  access: Access = DEFAULT_ACCESS, known: ShardMeta | None = None, index: dict[str, np.ndarray] | None = None,
-                 allow_empty: bool = False) -> None:
+                 stat: FileStat | None = None, allow_empty: bool = False) -> None:
         self.path = str(path)
         self.text_field = text_field
         self.name = name or default_name(self.path)
         self._fs, self._fspath = open_fs(self.path, storage_options)
-        sample = {"size": known.size, "sample_blake2b": known.sample_blake2b} if known else content_fingerprint(self._fs, self._fspath)
-        self._fingerprint = {"kind": "jsonl", "text_field": text_field, **sample}
+        whole = self._small_object(stat, access) if known is None else None
+        if known is not None:
+            sample = {"size": known.size, "sample_blake2b": known.sample_blake2b}
+        elif whole is not None:
+            sample = {"size": len(whole), "sample_blake2b": sample_digest(whole)}
+        else:
+            sample = content_fingerprint(self._fs, self._fspath)
+        self._fingerprint: dict[str, Any] = {"kind": "jsonl", "text_field": text_field, **sample}
         self._bytes = self._byte_reader(access)
-        arrays = self._index(access, index)
+        arrays = self._index(access, index, stat, whole)
         self._starts, self._lengths, self._lines = arrays["starts"], arrays["lengths"], arrays["lines"]
         if not allow_empty:
             self._require_nonempty(self.path)
+
+    def _small_object(self, stat: FileStat | None, access: Access) -> bytes | None:
+        """A small plain object on a store, whole, in one request (its sample and its index come from it)."""
+        if stat is None or is_local(self._fs) or _decompressor(self._fspath) or access.local_copy or stat.size > SMALL_OBJECT_BYTES:
+            return None
+        return fetch_range(self._fs, self._fspath, 0, stat.size, access.attempts) if stat.size else b""
 
     def _byte_reader(self, access: Access) -> LocalBytes | RemoteBytes:
         kind = _decompressor(self._fspath)
@@ -95,23 +108,26 @@ class JsonlFile(Source):
 
         return LocalBytes(str(cache.get(key, make)))
 
-    def _index(self, access: Access, given: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    def _index(self, access: Access, given: dict[str, np.ndarray] | None, stat: FileStat | None, whole: bytes | None) -> dict[str, np.ndarray]:
         cache_file = index_cache.cache_path(
             index_cache.cache_root(access.cache_dir), self._fs.unstrip_protocol(self._fspath), f"jsonl:{self.text_field}"
         )
         # The cache is also keyed on the modification time: the content
         # fingerprint samples only the ends of a file, and an index must never
         # be reused for a file edited in the middle.
-        try:
-            info = self._fs.info(self._fspath)
-            version = info.get("ETag") or info.get("mtime") or self._fs.modified(self._fspath).timestamp()
-        except (NotImplementedError, AttributeError, OSError):
-            version = None
+        if stat is not None and (stat.etag or stat.mtime):
+            version: Any = stat.etag or stat.mtime  # from the listing: no request of its own
+        else:
+            try:
+                info = self._fs.info(self._fspath)
+                version = info.get("ETag") or info.get("mtime") or self._fs.modified(self._fspath).timestamp()
+            except (NotImplementedError, AttributeError, OSError):
+                version = None
         cache_key = {**self._fingerprint, "mtime": str(version)}
         cached = index_cache.load(cache_file, cache_key)
         if cached is not None and self._plausible(cached):
             return cached
-        arrays = given if given is not None and self._plausible(given) else self._build_index()
+        arrays = given if given is not None and self._plausible(given) else self._build_index(whole)
         index_cache.store(cache_file, cache_key, arrays)
         return arrays
 
@@ -137,14 +153,14 @@ class JsonlFile(Source):
         (tail,) = self._bytes.read_many([(int(ends[-1]), self._bytes.size - int(ends[-1]))])  # only whitespace may follow
         return not tail.strip()
 
-    def _build_index(self) -> dict[str, np.ndarray]:
+    def _build_index(self, whole: bytes | None = None) -> dict[str, np.ndarray]:
         starts: list[int] = []
         lengths: list[int] = []
         lines: list[int] = []
         offset = 0
         lineno = 0
         carry = b""
-        blocks = iter_bytes(self._bytes, _READ_BLOCK)
+        blocks = iter_bytes(self._bytes, _READ_BLOCK) if whole is None else iter([whole])
         while True:
             block = next(blocks, b"")
             if not block and not carry:
@@ -231,9 +247,9 @@ class JsonlSource(ShardedSource):
     def manifest_options(self) -> dict[str, Any]:
         return {"text_field": self.text_field}
 
-    def open_file(self, url: str, meta: ShardMeta | None, single: bool) -> JsonlFile:
+    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> JsonlFile:
         index = manifest.read_index(self.files, meta.name) if meta is not None and self.access.manifest else None
-        return JsonlFile(url, self.text_field, storage_options=self.storage_options, access=self.access, known=meta, index=index,
+        return JsonlFile(url, self.text_field, storage_options=self.storage_options, access=self.access, known=meta, index=index, stat=stat,
                          allow_empty=not single)
 
     def index_arrays(self, f: int) -> dict[str, np.ndarray]:

@@ -12,7 +12,7 @@ import numpy as np
 
 from zephon_core.errors import DataError
 from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs
-from zephon_core.sources.files import Access
+from zephon_core.sources.files import Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
 from zephon_core.sources.sharded import ShardedSource
 
@@ -119,6 +119,6 @@ class ParquetSource(ShardedSource):
     def manifest_options(self) -> dict[str, Any]:
         return {"text_field": self.text_field}
 
-    def open_file(self, url: str, meta: ShardMeta | None, single: bool) -> ParquetFile:
+    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> ParquetFile:
         return ParquetFile(url, self.text_field, storage_options=self.storage_options, known=meta, attempts=self.access.attempts,
                            allow_empty=not single)

@@ -71,7 +71,7 @@ class ShardedSource(Source):
     kind: str
     suffixes: tuple[str, ...]
 
-    def open_file(self, url: str, meta: ShardMeta | None, single: bool) -> Source:
+    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> Source:
         raise NotImplementedError
 
     def manifest_options(self) -> dict[str, Any]:
@@ -88,7 +88,7 @@ class ShardedSource(Source):
         where = str(path) if isinstance(path, str) else f"{len(files.files)} files under {files.root}"
         opened: list[Source | None] = [None] * len(files.files)
         if not files.expanded:
-            opened[0] = only = self.open_file(files.url(files.files[0]), None, True)
+            opened[0] = only = self.open_file(files.url(files.files[0]), None, True, files.files[0])
             self.metas = [self.meta_of(files.files[0], only)]
             self._fingerprint = only.fingerprint()  # a single file keeps the single-file fingerprint
             self.name = name or only.name
@@ -97,7 +97,7 @@ class ShardedSource(Source):
             if metas is None:
                 def scan(f: int) -> tuple[ShardMeta, Source]:
                     st = files.files[f]
-                    one = self.open_file(files.url(st), None, False)
+                    one = self.open_file(files.url(st), None, False, st)
                     return self.meta_of(st, one), one
 
                 total = len(files.files)
@@ -127,7 +127,7 @@ class ShardedSource(Source):
             with self._lock:
                 opened = self._files[f]
                 if opened is None:
-                    opened = self.open_file(self.files.url(self.files.files[f]), self.metas[f], False)
+                    opened = self.open_file(self.files.url(self.files.files[f]), self.metas[f], False, self.files.files[f])
                     if len(opened) != self.metas[f].documents:
                         raise DataError(f"{self.metas[f].name}: {len(opened)} documents, but the source's index says "
                                         f"{self.metas[f].documents}; rebuild the manifest (zephon index)")

@@ -241,7 +241,7 @@ class MegatronIndexedSource(FlatShardedSource):
         if isinstance(prefix, (str, os.PathLike)):
             self.path = str(prefix)
 
-    def open_file(self, url: str, meta: ShardMeta | None, single: bool) -> MegatronIndexedFile:
+    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> MegatronIndexedFile:
         return MegatronIndexedFile(url[: -len(".idx")], allow_empty=not single)
 
     def meta_of(self, st: FileStat, opened: Source) -> ShardMeta:

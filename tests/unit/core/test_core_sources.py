@@ -87,7 +87,7 @@ def test_jsonl_index_is_cached(jsonl_file, monkeypatch, zephon_cache_dir):  # no
     first = JsonlSource(str(jsonl_file))
     assert list(zephon_cache_dir.glob("*.npz")), "the index was not written to ZEPHON_CACHE_DIR"
 
-    def boom(self):
+    def boom(self, *whole):
         raise AssertionError("index rebuilt although a valid cache exists")
 
     monkeypatch.setattr(JsonlFile, "_build_index", boom)
@@ -110,7 +110,7 @@ def test_jsonl_changed_file_is_reindexed(tmp_path, monkeypatch):
     path.write_text('{"text": "a"}\n{"text": "bc"}\n')
     calls = []
     original = JsonlFile._build_index
-    monkeypatch.setattr(JsonlFile, "_build_index", lambda self: calls.append(1) or original(self))
+    monkeypatch.setattr(JsonlFile, "_build_index", lambda self, *whole: calls.append(1) or original(self, *whole))
     assert JsonlSource(str(path)).read([1, 0]) == ["bc", "a"]
     assert calls == [1]
     # Appending a record is seen too.
