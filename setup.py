@@ -1,0 +1,24 @@
+"""Package discovery for the wheel (the rest of the metadata is in pyproject.toml).
+
+Three code packages from three folders, and the bundled ``configs/`` (data recipes,
+the demo corpus and tokenizer, the TorchTitan job file and the Megatron launch
+scripts) as the data-only package ``zephon_configs``, so an installed wheel has
+them too: ``zephon init`` copies them out, and the adapters' default recipes and
+the demo find them (``zephon_core.integration.bundled_configs``).
+"""
+
+from setuptools import find_packages, setup
+
+ROOTS = {"zephon_core": ".", "zephon_torchtitan": "integrations/torchtitan", "zephon_megatron": "integrations/megatron"}
+
+packages, package_dir = [], {"zephon_configs": "configs"}
+for top, where in ROOTS.items():
+    found = [p for p in find_packages(where) if p == top or p.startswith(top + ".")]
+    packages += found
+    package_dir.update({p: f"{where}/{p.replace('.', '/')}" for p in found})
+
+setup(
+    packages=[*packages, "zephon_configs"],
+    package_dir=package_dir,
+    package_data={"zephon_configs": ["corpus/*", "data/*.toml", "megatron/*.sh", "megatron/*.py", "torchtitan/*.toml"]},
+)
