@@ -17,8 +17,11 @@ for top, where in ROOTS.items():
     packages += found
     package_dir.update({p: f"{where}/{p.replace('.', '/')}" for p in found})
 
+# Folder -> the files of it that ship (what zephon_core.tools.init writes out again).
+CONFIG_FILES = {"corpus": ["*"], "data": ["*.toml"], "megatron": ["*.sh", "*.py"], "torchtitan": ["*.toml"]}
+
 setup(
-    packages=[*packages, "zephon_configs"],
+    packages=[*packages, "zephon_configs", *(f"zephon_configs.{d}" for d in CONFIG_FILES)],
     package_dir=package_dir,
-    package_data={"zephon_configs": ["corpus/*", "data/*.toml", "megatron/*.sh", "megatron/*.py", "torchtitan/*.toml"]},
+    package_data={f"zephon_configs.{d}": files for d, files in CONFIG_FILES.items()},
 )

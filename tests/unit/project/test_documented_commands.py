@@ -22,6 +22,7 @@ BIN = Path(sys.executable).parent  # the environment's bin/: zephon, python, tor
 
 # (pattern on the command, how it is checked, detail)
 RULES: list[tuple[str, str, str]] = [
+    (r"^bash scripts/test\.sh (tests/\S+|-k \S+)( -k \S+)?$", "test", "tests/unit/project/test_test_script.py::test_a_selection_runs_only_that_and_ends_with_the_summary_line"),
     (r"^bash scripts/test\.sh$", "exempt", "CI runs it (.ci/run); its selection and signal handling: tests/unit/project/test_test_script.py"),
     (r"^bash scripts/lint\.sh$", "exempt", "the first stage of scripts/test.sh"),
     (r"^bash bench/run\.sh", "exempt", "benchmarks take minutes each; docs/performance.md records their output and the command"),
@@ -43,6 +44,7 @@ RULES: list[tuple[str, str, str]] = [
     (r"^zephon inspect FILE\.pt$", "test", "tests/e2e/test_megatron_e2e.py::test_loader_state_files_are_json_and_inspectable"),
     (r"^torchrun --nproc-per-node 8 docs/examples/", "test", "tests/distributed/test_guide_examples_multirank.py::test_guide_example_runs_on_8_ranks"),
     (r"^pip install \.$", "test", "tests/unit/project/test_packaging.py::test_core_wheel_alone_gives_a_working_cli_and_the_configs"),
+    (r"^pip install 'zephon-suite\[tokenizers\]'$", "test", "tests/unit/project/test_packaging.py::test_core_wheel_alone_gives_a_working_cli_and_the_configs"),
     (r"^pip install \"\.\[(torchtitan|megatron)\]\"$", "test", "tests/unit/project/test_packaging.py::test_extras_name_what_each_route_imports"),
     (r"^python configs/megatron/make_indexed_corpus\.py", "run", "in a zephon init folder"),
     (r"^zephon [a-z-]+( [A-Z][A-Z0-9.]*| \[.*\]| --[a-z-]+( [A-Z0-9]+)?)*$|^zephon [a-z-]+$|^zephon [a-z |-]+$", "synopsis", ""),

@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[3]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -58,9 +59,9 @@ def _closure(names: list[str]) -> set[str]:
         if name in seen:
             continue
         seen.add(name)
-        for req in metadata.distribution(name).requires or []:
-            if "extra ==" not in req and "extra==" not in req:
-                todo.append(_name(req))
+        for req in map(Requirement, metadata.distribution(name).requires or []):
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name.lower())
     return seen
 
 
@@ -87,8 +88,10 @@ def core_venv(tmp_path_factory):
     venv = root / "venv"
     subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
+    # Without PYTHONPATH: a clone on it (with its .egg-info) would look like an installed zephon-suite to pip.
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet", "--no-index", "--no-deps", str(wheel)],
-                               capture_output=True, text=True, timeout=600)
+                               capture_output=True, text=True, timeout=600, env=clean)
     assert installed.returncode == 0, installed.stderr[-2000:]
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
                                check=True).stdout.strip())
