@@ -41,6 +41,7 @@ from typing import Any, Optional
 from zephon_core.curriculum.mixture import EXHAUSTION_POLICIES, StaticMixture
 from zephon_core.errors import ConfigError
 from zephon_core.lane.ops import PACK_MODES, RUNNERS
+from zephon_core.lane.tokenizer_file import load_tokenizer
 from zephon_core.pipeline import Pipeline
 from zephon_core.sources import JsonlSource, MegatronIndexedSource, ParquetSource, Source, TokenArraySource
 from zephon_core.validation import require_choice, require_int, require_positive_number
@@ -164,8 +165,10 @@ class Recipe:
 
     def sources(self) -> list[Source]:
         out: list[Source] = []
-        for src in self.spec.sources:
+        for n, src in enumerate(self.spec.sources):
             path: str | list[str] = [self.resolve(p) for p in src.paths] if src.paths is not None else self.resolve(src.path or "")
+            if isinstance(path, str):
+                self._require_written(n, src, path)
             if src.format == "jsonl":
                 out.append(JsonlSource(path, src.text_field, name=src.name))
             elif src.format == "parquet":
@@ -176,6 +179,15 @@ class Recipe:
             else:
                 out.append(MegatronIndexedSource(path, name=src.name))
         return out
+
+    def _require_written(self, n: int, src: SourceSpec, path: str) -> None:
+        """A Megatron prefix whose files do not exist yet: say how they are made, not just that they cannot be read."""
+        if src.format == "megatron" and "://" not in path and not set("*?[") & set(path) and not os.path.exists(path + ".idx") \
+                and not os.path.isdir(path):
+            raise self._err(
+                f"sources[{n}].path", f"no Megatron indexed dataset at {path} (.bin/.idx); write it first with Megatron-LM's "
+                "tools/preprocess_data.py (for the bundled corpus: python configs/megatron/make_indexed_corpus.py)"
+            )
 
     def work_source(self) -> StaticMixture:
         s = self.spec
@@ -225,9 +237,7 @@ class Recipe:
         if not self.pretokenized:
             if not st.tokenizer:
                 raise self._err("standalone.tokenizer", "text sources need a tokenizer file")
-            from tokenizers import Tokenizer
-
-            tokenizer = Tokenizer.from_file(self.resolve(st.tokenizer))
+            tokenizer = load_tokenizer(self.resolve(st.tokenizer), f"{self.path}: standalone.tokenizer")
         return self.build(seq_len=st.seq_len, batch_size=st.batch_size, tokenizer=tokenizer, bos_id=st.bos_id, eos_id=st.eos_id, **options)
 
 

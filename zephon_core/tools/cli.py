@@ -1,7 +1,7 @@
 """The ``zephon`` command line: plan, inspect, compare, verify and trace data.
 
-Every command takes ``--help``. Errors print one line and exit 1; usage
-errors exit 2.
+Every command takes ``--help``. Errors print one line and exit 1 (``--debug``
+or ``ZEPHON_DEBUG=1`` adds the traceback); usage errors exit 2.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import parse_lanes
-from zephon_core.errors import ZephonError
+from zephon_core.tools.errors import CliError, debug_option, run
+from zephon_core.tools.index import add_index_parser
+from zephon_core.tools.init import add_init_parser
+from zephon_core.tools.progress import Progress
+from zephon_core.tools.shape import add_shape_options
 from zephon_core.tools.state_readers import load_state
-
-
-class CliError(Exception):
-    """A user-facing failure: printed as one line, exit status 1."""
 
 
 # -- loading ----------------------------------------------------------------------
@@ -29,26 +29,10 @@ def _recipe(path: str):
     return load_recipe(path)
 
 
-def _pipeline(recipe: Any, seq_len: int | None, batch_size: int | None, **options: Any):
-    st = recipe.spec.standalone
-    if st is not None and seq_len is None and batch_size is None:
-        return recipe.build_standalone(**options)
-    tokenizer = None
-    if not recipe.pretokenized:
-        if st is not None and st.tokenizer:
-            from tokenizers import Tokenizer
+def _pipeline(recipe: Any, a: argparse.Namespace, **options: Any):
+    from zephon_core.tools.shape import Shape, build
 
-            tokenizer = Tokenizer.from_file(recipe.resolve(st.tokenizer))
-        else:
-            raise CliError(f"{recipe.path}: text sources need [standalone] tokenizer = \"...\" for this command")
-    return recipe.build(
-        seq_len=seq_len or (st.seq_len if st else 128),
-        batch_size=batch_size or (st.batch_size if st else 1),
-        tokenizer=tokenizer,
-        bos_id=st.bos_id if st else None,
-        eos_id=st.eos_id if st else None,
-        **options,
-    )
+    return build(recipe, Shape(a.tokenizer, a.seq_len, a.batch_size, a.framework), **options)
 
 
 def _is_recipe(path: str) -> bool:
@@ -66,7 +50,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
     if a.world_size > 1:
         opts.setdefault("aggregate_dir", recipe.spec.aggregate.dir or "<aggregate_dir>")
         opts.setdefault("run_id", recipe.spec.aggregate.run_id or "run")
-    p = _pipeline(recipe, a.seq_len, a.batch_size, **opts)
+    p = _pipeline(recipe, a, **opts)
     print(p.explain(pipelines_per_node=a.per_node))
     return 0
 
@@ -126,21 +110,6 @@ def cmd_diff(a: argparse.Namespace) -> int:
     return 1
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled = total, 0, enabled
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        if self.enabled:
-            width = 30
-            filled = width * self.done // max(1, self.total)
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label}   ")
-            if self.done == self.total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
 def cmd_verify_elastic(a: argparse.Namespace) -> int:
     from zephon_core.tools import simulate
 
@@ -154,10 +123,10 @@ def cmd_verify_elastic(a: argparse.Namespace) -> int:
             raise CliError(f"--batches-per-step {B} is not a multiple of dp_degree {G}")
     if not 0 < a.checkpoint_step < a.steps:
         raise CliError(f"--checkpoint-step must be between 1 and --steps - 1 ({a.steps - 1})")
-    progress = _Progress(a.steps * 2, enabled=not a.no_progress and sys.stderr.isatty() or a.progress)
+    progress = Progress(a.steps * 2, a)
 
     def make(G: int, gid: int):
-        return _pipeline(recipe, a.seq_len, a.batch_size, dp_degree=G, dp_group_id=gid, canonical_replicas=C, prefetch=0)
+        return _pipeline(recipe, a, dp_degree=G, dp_group_id=gid, canonical_replicas=C, prefetch=0)
 
     # The reference runs uninterrupted on the first topology.
     ref_records = simulate.run_schedule(make, [simulate.Phase(a.from_, a.steps)], B, on_step=lambda ph: progress.step(f"reference dp={ph.dp_degree}"))
@@ -181,13 +150,17 @@ def cmd_trace(a: argparse.Namespace) -> int:
         raise CliError(f"--batches-per-step {B} must be a multiple of canonical_replicas {C} for a step's contents to be topology-free")
     if a.step < 1:
         raise CliError("--step counts from 1")
-    p = _pipeline(recipe, a.seq_len, a.batch_size, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0)
+    p = _pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0)
     names = [s.name for s in p.work_source.sources]
+    progress = Progress(a.step * B, a)
     with p:
         it = iter(p)
-        for _ in range((a.step - 1) * B):
-            next(it)
-        batches = [next(it) for _ in range(B)]
+        batches = []
+        for n in range(a.step * B):
+            b = next(it)
+            progress.step(f"batch {n + 1} of step {n // B + 1}")
+            if n >= (a.step - 1) * B:
+                batches.append(b)
     print(f"global step {a.step}: {B} batches (C={C}; lanes {owned_lanes(C, 1, 0)})")
     for b in sorted(batches, key=lambda b: (b.lane, b.lane_index)):
         print(f"  lane {b.lane} batch {b.lane_index}  digest {b.digest}")
@@ -197,52 +170,17 @@ def cmd_trace(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_index(a: argparse.Namespace) -> int:
-    """Write the index manifest of a many-file source next to its files (see docs/sources_at_scale.md)."""
-    from zephon_core import JsonlSource, MegatronIndexedSource, ParquetSource
-    from zephon_core.sources import manifest
-    from zephon_core.sources.files import Access
-
-    fmt = a.format or ("parquet" if a.source[0].rstrip("/").endswith(".parquet") else
-                       "megatron" if a.source[0].endswith((".idx", "_document")) else "jsonl")
-    try:
-        options = json.loads(a.storage_options) if a.storage_options else None
-    except json.JSONDecodeError as e:
-        raise CliError(f"--storage-options: not a JSON object ({e})") from None
-    bar: list[_Progress] = []
-
-    def progress(done: int, total: int) -> None:
-        if not bar:
-            bar.append(_Progress(total, enabled=not a.no_progress and (sys.stderr.isatty() or a.progress)))
-        while bar[0].done < done:
-            bar[0].step("files indexed")
-
-    access = Access(attempts=a.attempts, manifest=False, progress=progress)
-    paths = a.source if len(a.source) > 1 else a.source[0]
-    source: JsonlSource | ParquetSource | MegatronIndexedSource
-    if fmt == "jsonl":
-        source = JsonlSource(paths, a.text_field, storage_options=options, access=access)
-    elif fmt == "parquet":
-        source = ParquetSource(paths, a.text_field, storage_options=options, access=access)
-    else:
-        source = MegatronIndexedSource(paths, access=access)
-    if not source.files.expanded:
-        raise CliError(f"{a.source[0]}: a single file needs no manifest; index a folder, a glob or a list of files")
-    indexes = {m.name: source.index_arrays(f) for f, m in enumerate(source.metas)} if isinstance(source, JsonlSource) else None
-    url = manifest.write_manifest(source.files, source.kind, source.manifest_options(), source.metas, indexes)
-    print(f"wrote {url}: {len(source.metas)} files, {len(source)} documents")
-    return 0
-
-
 # -- parser -------------------------------------------------------------------------
+def _progress_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
+    p.add_argument("--no-progress", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="zephon", description="Plan, inspect, compare, verify and trace Zephon data pipelines.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def shape(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--seq-len", type=int, help="override [standalone] seq_len")
-        p.add_argument("--batch-size", type=int, help="override [standalone] batch_size")
-
+    shape, progress = add_shape_options, _progress_options
     p = sub.add_parser("explain", help="show the plan of a recipe without loading data")
     p.add_argument("recipe")
     p.add_argument("--dp-degree", type=int)
@@ -270,40 +208,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-step", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--batches-per-step", type=int, help="default: canonical_replicas")
-    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
-    p.add_argument("--no-progress", action="store_true")
+    progress(p)
     shape(p)
     p.set_defaults(fn=cmd_verify_elastic)
-
-    p = sub.add_parser("index", help="write the index manifest of a many-file source (a folder, a glob or several paths)")
-    p.add_argument("source", nargs="+", help="a folder, a glob (quote it) or files of one source")
-    p.add_argument("--format", choices=["jsonl", "parquet", "megatron"], help="default: from the file names")
-    p.add_argument("--text-field", default="text")
-    p.add_argument("--storage-options", help='fsspec storage options as JSON, e.g. \'{"client_kwargs": {"endpoint_url": "..."}}\'')
-    p.add_argument("--attempts", type=int, default=5, help="per object-store request before giving up")
-    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(fn=cmd_index)
 
     p = sub.add_parser("trace", help="which documents (and token ranges) make up a global step")
     p.add_argument("recipe")
     p.add_argument("--step", type=int, required=True, help="global step, from 1")
     p.add_argument("--canonical-replicas", type=int)
     p.add_argument("--batches-per-step", type=int, help="default: canonical_replicas")
+    progress(p)
     shape(p)
     p.set_defaults(fn=cmd_trace)
+
+    add_index_parser(sub)
+    add_init_parser(sub)
+    for sp in sub.choices.values():
+        debug_option(sp, argparse.SUPPRESS)
+    debug_option(ap, False)
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.fn(args))
-    except (CliError, ZephonError) as e:
-        print(f"zephon {args.command}: error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    return run(args.fn, args, f"zephon {args.command}", debug=args.debug)
 
 
 if __name__ == "__main__":

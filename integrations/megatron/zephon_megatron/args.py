@@ -122,6 +122,17 @@ def to_external(args: Any) -> bool:
     return bool(getattr(args, "zephon", False))
 
 
+def fill_eval_interval(args: Any) -> None:
+    """Give ``--eval-interval`` a value when ``--eval-iters 0`` leaves it unused.
+
+    megatron-core 0.19 has no default for it and divides by it while sizing the
+    datasets, even when nothing is evaluated; with evaluations, the user must say
+    how often (the validators refuse otherwise).
+    """
+    if getattr(args, "eval_interval", 0) is None and not getattr(args, "eval_iters", 0):
+        args.eval_interval = max(1, int(getattr(args, "train_iters", None) or 1))
+
+
 @dataclass(frozen=True)
 class Settings:
     """The adapter's flags, read from Megatron's namespace."""

@@ -31,7 +31,7 @@ from zephon_core.integration import Coordination, load_training_recipe, resolve_
 from zephon_core.recipe import Recipe
 from zephon_core.tools import audit as batch_audit
 from zephon_megatron import state as loader_state
-from zephon_megatron.args import Settings, is_requested, to_external
+from zephon_megatron.args import Settings, fill_eval_interval, is_requested, to_external
 from zephon_megatron.batches import BatchFormat, to_megatron, to_torch
 from zephon_megatron.broadcast import BatchMeta, MicroBatch
 from zephon_megatron.validate import RunShape, ZephonMegatronError, check
@@ -263,6 +263,7 @@ def prepare(args: Any) -> bool:
     if not is_requested(args):
         return False
     to_external(args)
+    fill_eval_interval(args)
     settings = Settings.from_args(args)
     recipe = _recipe(settings.recipe, "--zephon-recipe")
     C = settings.canonical_replicas or recipe.spec.canonical_replicas

@@ -33,6 +33,7 @@ class RunShape:
     virtual_pp: int | None = None
     rampup_batch_size: Any = None
     eval_iters: int = 0
+    eval_interval: int | None = 1000
     valid_recipe: str | None = None
     aggregate_dir: str | None = None
     run_id: str | None = None
@@ -73,6 +74,7 @@ class RunShape:
             virtual_pp=getattr(args, "virtual_pipeline_model_parallel_size", None),
             rampup_batch_size=getattr(args, "rampup_batch_size", None),
             eval_iters=_eval_iters(args),
+            eval_interval=getattr(args, "eval_interval", 1000),
             valid_recipe=valid_recipe,
             aggregate_dir=aggregate_dir,
             run_id=run_id,
@@ -127,6 +129,8 @@ def problems(s: RunShape) -> list[str]:
             f"--context-parallel-size {s.cp} is not supported yet (context-parallel peers would each save the loader state); "
             "use --context-parallel-size 1"
         )
+    if s.eval_iters > 0 and s.eval_interval is None:
+        out.append(f"--eval-iters={s.eval_iters} needs --eval-interval N (steps between evaluations; megatron-core has no default)")
     if s.eval_iters > 0 and not s.valid_recipe:
         out.append(
             f"Megatron will evaluate --eval-iters={s.eval_iters} batches per evaluation, but no held-out data is given; pass "

@@ -180,6 +180,9 @@ def launch(entry_args: list[str], *, nproc: int, run_dir: Path, env: dict[str, s
             timed_out = True
             os.killpg(proc.pid, signal.SIGKILL)
             rc = proc.wait()
+        except BaseException:  # Ctrl-C or a test's own timeout: never leave the ranks running
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
     wall = time.monotonic() - start
     timed_out = timed_out or rc in (124, 137)
     return RunResult(rc, wall, run_dir, log_path, timed_out, log_path.read_text(errors="replace"))

@@ -296,3 +296,14 @@ def test_list_files_names_files_relative_to_the_root(tmp_path):
     write_shards(tmp_path / "x" / "y", [1, 1])
     fs = list_files(str(tmp_path / "x"), (".jsonl",))
     assert [fs.name(s) for s in fs.files] == ["y/part-000.jsonl", "y/part-001.jsonl"] and fs.expanded
+
+
+def test_the_zstd_extra_brings_zstandard():
+    """docs/sources_at_scale.md: `pip install 'zephon-suite[zstd]'` is what a .jsonl.zst source needs."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(dep.startswith("zstandard") for dep in extras["zstd"])
+    from zephon_core.sources import jsonl
+
+    assert "zephon-suite[zstd]" in Path(jsonl.__file__).read_text()

@@ -150,3 +150,29 @@ def test_prepare_maps_and_validates_from_arguments(tmp_path):
     with pytest.raises(ZephonMegatronError, match="standalone"):
         recipe.write_text('[[sources]]\npath = "x.jsonl"\n[standalone]\nseq_len = 8\n')
         loader.prepare(Namespace(**base))
+
+
+def test_eval_iters_0_without_eval_interval_sizes_the_datasets_as_megatron_does(installed, monkeypatch):
+    """`--eval-iters 0` (what docs/megatron.md says to pass without held-out data) and no --eval-interval: megatron-core
+    0.19 divides by the missing interval while sizing the datasets; the adapter gives it a value that changes nothing."""
+    from megatron.training import global_vars, training
+
+    monkeypatch.setattr(sys, "argv", [*ARGV, "--eval-iters", "0", "--train-iters", "6", "--micro-batch-size", "2", "--global-batch-size", "8"])
+    ns = installed.parse_args(ignore_unknown_args=True)
+    assert ns.eval_interval is None
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", ns)
+    ns.iteration, ns.consumed_train_samples, ns.consumed_valid_samples = 0, 0, 0
+    ns.eval_global_batch_size = ns.global_batch_size  # what Megatron's validate_args sets
+    with pytest.raises(TypeError):
+        training.get_train_valid_test_num_samples()
+    zargs.fill_eval_interval(ns)
+    train, valid, test = training.get_train_valid_test_num_samples()
+    assert (train, valid, test) == (48, 0, 0)
+
+
+def test_evaluations_without_an_interval_are_refused():
+    from zephon_megatron.validate import RunShape, problems
+
+    shape = RunShape(dp=1, micro_batch_size=1, global_batch_size=4, num_microbatches=4, canonical_replicas=4, eval_iters=2,
+                     eval_interval=None, valid_recipe="held.toml")
+    assert any("needs --eval-interval N" in p for p in problems(shape))
