@@ -22,7 +22,7 @@ Production topologies (``topologies``, ~2.5 minutes more):
                   --full-validation``);
 * ``cp_resume``   the same from ``cp_ref``'s step 3;
 * ``cp_dp1``      CP=2 x DP=1 from ``cp_ref``'s step 3 (an elastic resume with CP on);
-* ``vpp_ref``     PP=2 x 2 virtual stages x DP=2, launcher route, 6 steps, saves at 3;
+* ``vpp_ref``     PP=2 x 2 virtual stages x DP=2, launcher route, 6 steps (step 2 skipped), saves at 3;
 * ``vpp_resume``  the same from ``vpp_ref``'s step 3;
 * ``ramp_ref``    DP=2, ``--step-batch-size-schedule`` 8 -> 16 -> 24 samples, ``--iterations-to-skip 2``,
                   saves at 3 (and where the batch grows);
@@ -211,6 +211,7 @@ def test_refuses_a_resume_without_the_loader_state_of_that_iteration(runs):
 
 
 # -- production topologies: context parallelism, virtual pipelines, batch-size schedules ------------------
+SKIP = ["--iterations-to-skip", "2"]  # megatron-core's own dummy step would call next() on the list of chunk iterators
 RAMP = ["--train-samples", "96", "--step-batch-size-schedule", "0:8 512:16 1536:24", "--iterations-to-skip", "2"]
 RAMP_STEPS = [4, 4, 8, 8, 12, 12]  # micro-batches per step: thresholds are tokens (seq 32), 512 = 16 samples
 
@@ -239,11 +240,11 @@ def topologies(tmp_path_factory):
             ref = get("cp_ref").run_dir
             z = Z("wheel", 2, data, cp=2, load=ref / "ckpt", load_step=3, loader_states_from=ref / "loader")
         elif name == "vpp_ref":
-            z = Z("launch", 4, data, pp=2, layers=4, layers_per_virtual_stage=1, save_interval=3)
+            z = Z("launch", 4, data, pp=2, layers=4, layers_per_virtual_stage=1, save_interval=3, extra=SKIP)
         elif name == "vpp_resume":
             ref = get("vpp_ref").run_dir
             z = Z("launch", 4, data, pp=2, layers=4, layers_per_virtual_stage=1, save_interval=3, load=ref / "ckpt", load_step=3,
-                  loader_states_from=ref / "loader")
+                  loader_states_from=ref / "loader", extra=SKIP)
         elif name == "ramp_ref":
             z = Z("wheel", 2, data, gbs=None, train_iters=None, save_interval=3, extra=RAMP)
         elif name == "ramp_dp1":
@@ -327,9 +328,11 @@ def test_virtual_pipeline_chunks_are_served_from_one_stream_per_rank(topologies)
     r = topologies("vpp_ref")
     streams = _distinct_streams(r)
     # The first chunk of stage 0 and the last chunk of stage 1 read (identical streams per DP rank);
-    # the other two chunks read nothing, so every rank logged each micro-batch once.
+    # the other two chunks read nothing, so every rank logged each micro-batch once; the skipped
+    # step 2 consumed its micro-batches too.
     assert len(streams) == 2 and all(len(s) == 12 for s in streams)
     assert r.steps() == topologies.reference((4,) * 6)
+    assert sorted(r.logged_losses) == [1, 3, 4, 5, 6]
     assert _state_files(r, 3) == ["mp_rank_00_000/train_dataloader_dprank000.pt", "mp_rank_00_000/train_dataloader_dprank001.pt"]
 
 
