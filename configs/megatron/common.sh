@@ -4,6 +4,7 @@ ZEPHON_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 NPROC="${NPROC:-8}"            # processes on this node
 TP="${TP:-1}"                  # --tensor-model-parallel-size
 PP="${PP:-1}"                  # --pipeline-model-parallel-size
+CP="${CP:-1}"                  # --context-parallel-size (--seq-length must be a multiple of 2 x CP)
 MBS="${MBS:-4}"                # --micro-batch-size
 GBS="${GBS:-64}"               # --global-batch-size: GBS / MBS must be a multiple of the recipe's canonical_replicas (8)
 SEQ="${SEQ:-1024}"
@@ -21,7 +22,7 @@ export CUDA_DEVICE_MAX_CONNECTIONS=1
 # A small GPT over the bundled BPE tokenizer (HuggingFaceTokenizer needs `transformers`:
 # pip install ".[megatron]"; it reads configs/corpus offline).
 MODEL_FLAGS=(
-  --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
+  --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP" --context-parallel-size "$CP"
   --num-layers "$LAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS"
   --seq-length "$SEQ" --max-position-embeddings "$SEQ"
   --micro-batch-size "$MBS" --global-batch-size "$GBS" --train-iters "$ITERS"

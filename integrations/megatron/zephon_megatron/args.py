@@ -31,8 +31,10 @@ CHOICE = "zephon"
 _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--zephon-recipe", dict(type=str, default=None, metavar="TOML",
                              help="Zephon data recipe for training (needs --dataloader-type zephon).")),
-    ("--zephon-valid-recipe", dict(type=str, default=None, metavar="TOML",
-                                   help="Held-out recipe for Megatron's evaluations; every evaluation reads the same batches.")),
+    ("--zephon-valid-recipe", dict(type=str, nargs="+", default=None, metavar="TOML",
+                                   help="Held-out recipe(s) for Megatron's evaluations; every evaluation reads the same "
+                                        "batches. Several: one loss per recipe (--multiple-validation-sets "
+                                        "--full-validation).")),
     ("--zephon-canonical-replicas", dict(type=int, default=None, metavar="C",
                                          help="Number of lanes (fixed for the life of a run; default: the recipe's, else the "
                                               "first run's data-parallel size).")),
@@ -138,7 +140,7 @@ class Settings:
     """The adapter's flags, read from Megatron's namespace."""
 
     recipe: str
-    valid_recipe: str | None = None
+    valid_recipes: tuple[str, ...] = ()
     canonical_replicas: int | None = None
     aggregate_dir: str | None = None
     run_id: str | None = None
@@ -153,9 +155,17 @@ class Settings:
             raise ZephonMegatronError("zephon: --dataloader-type zephon needs --zephon-recipe <data recipe .toml>")
         return cls(
             recipe=recipe,
-            valid_recipe=getattr(args, "zephon_valid_recipe", None) or None,
+            valid_recipes=_as_tuple(getattr(args, "zephon_valid_recipe", None)),
             canonical_replicas=getattr(args, "zephon_canonical_replicas", None),
             aggregate_dir=getattr(args, "zephon_aggregate_dir", None) or None,
             run_id=getattr(args, "zephon_run_id", None) or None,
             dataloader_save=getattr(args, "dataloader_save", None) or None,
         )
+
+
+def _as_tuple(value: Any) -> tuple[str, ...]:
+    if not value:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(v) for v in value)

@@ -22,11 +22,11 @@ FORMATS = {
 
 
 def _batches(fmt_name: str, n: int = 3):
-    from zephon_megatron.loader import _micro_batch
+    from zephon_megatron.iterators import micro_batch
 
     docs = [[10 + d] * (1 + d % 6) + [9] for d in range(30)]
     p = Pipeline(StaticMixture([MemorySource(docs)], seed=2, chunk_size=4)).pack(10).batch(2).options(canonical_replicas=1)
-    return [_micro_batch(b, FORMATS[fmt_name]) for b, _ in zip(p, range(n))]
+    return [micro_batch(b, FORMATS[fmt_name]) for b, _ in zip(p, range(n))]
 
 
 def _worker(rank: int, world: int, store: str, out: str) -> None:
