@@ -10,16 +10,14 @@ zigzag order, the slices are the whole micro-batch.
 
 from __future__ import annotations
 
-import os
-import traceback
 from argparse import Namespace
 
+import gloo_workers
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core.parallel_state")
-mp = pytest.importorskip("torch.multiprocessing")
 
 from zephon_core import MemorySource, Pipeline, StaticMixture  # noqa: E402
 
@@ -40,51 +38,32 @@ def _micro_batches(cu_seqlens: bool, n: int = 3):
         p.close()
 
 
-def _worker(rank: int, store: str, out: str) -> None:
-    try:
-        import torch.distributed as dist
-        from megatron.core import parallel_state
-        from megatron.core.utils import flatten_batch_for_packed_sequences, get_batch_on_this_cp_rank
+def _worker(rank: int, out: str) -> None:
+    from megatron.core import parallel_state
+    from megatron.core.utils import flatten_batch_for_packed_sequences, get_batch_on_this_cp_rank
 
-        from zephon_megatron.loader import Place
-        from zephon_megatron.pretrain_gpt import this_cp_rank_slice
+    from zephon_megatron.loader import Place
+    from zephon_megatron.pretrain_gpt import this_cp_rank_slice
 
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=CP)
-        parallel_state.initialize_model_parallel(context_parallel_size=CP)
-        place = Place.from_mpu(Namespace(dataloader_inter_document_masking=False))
-        result = {"place": (place.dp, place.cp_rank, place.loads, place.saves)}
-        result["plain"] = [{k: v.numpy() for k, v in this_cp_rank_slice(dict(mb)).items() if v is not None}
-                           for mb in _micro_batches(False)]
-        packed = []
-        for mb in _micro_batches(True):
-            flat = flatten_batch_for_packed_sequences(dict(mb))
-            cut = get_batch_on_this_cp_rank(dict(flat), is_hybrid_cp=False, cp_group=parallel_state.get_context_parallel_group(),
-                                            use_per_sequence_balancing=True)
-            packed.append({k: v.numpy() for k, v in cut.items() if isinstance(v, torch.Tensor)})
-        result["packed"] = packed
-        torch.save(result, f"{out}.{rank}")
-        dist.barrier()
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-    except BaseException:
-        with open(f"{out}.{rank}.err", "w") as f:
-            f.write(traceback.format_exc())
-        raise
+    parallel_state.initialize_model_parallel(context_parallel_size=CP)
+    place = Place.from_mpu(Namespace(dataloader_inter_document_masking=False))
+    result = {"place": (place.dp, place.cp_rank, place.loads, place.saves)}
+    result["plain"] = [{k: v.numpy() for k, v in this_cp_rank_slice(dict(mb)).items() if v is not None}
+                       for mb in _micro_batches(False)]
+    packed = []
+    for mb in _micro_batches(True):
+        flat = flatten_batch_for_packed_sequences(dict(mb))
+        cut = get_batch_on_this_cp_rank(dict(flat), is_hybrid_cp=False, cp_group=parallel_state.get_context_parallel_group(),
+                                        use_per_sequence_balancing=True)
+        packed.append({k: v.numpy() for k, v in cut.items() if isinstance(v, torch.Tensor)})
+    result["packed"] = packed
+    torch.save(result, f"{out}.{rank}")
+    parallel_state.destroy_model_parallel()
 
 
 @pytest.fixture(scope="module")
 def slices(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("cp")
-    out = str(tmp / "res")
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, str(tmp / "store"), out)) for r in range(CP)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    errs = [(tmp / f).read_text() for f in os.listdir(tmp) if f.endswith(".err")]
-    assert not errs, "\n".join(errs)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    out = gloo_workers.run(_worker, CP, tmp_path_factory.mktemp("cp"))
     return [torch.load(f"{out}.{r}", weights_only=False) for r in range(CP)]
 
 
