@@ -445,6 +445,10 @@ def case_throughput(a: dict) -> None:
         res = run_throughput(lambda: numpy_copy(a), _dict_tokens, a)
     elif loader == "numpy_shuffled_copy":
         res = run_throughput(lambda: numpy_shuffled_copy(a), _dict_tokens, a)
+    elif loader == "numpy_zephon_order_copy":
+        import sources_scale as scale
+
+        res = run_throughput(lambda: scale.numpy_zephon_order_copy(a), _dict_tokens, a)
     elif loader == "tokenizer_alone":
         res = run_throughput(lambda: tokenizer_alone(a), _dict_tokens, a)
     else:
@@ -1004,6 +1008,8 @@ CASES = {
     "profile_target": case_profile_target,
     "prepare": case_prepare,
     "digests": case_digests,
+    "startup": lambda a: __import__("sources_scale").main("startup", a),
+    "s3_reads": lambda a: __import__("sources_scale").main("s3_reads", a),
     "versions": case_versions,
 }
 

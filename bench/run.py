@@ -52,6 +52,10 @@ GOALS = {
     "P4_64_ranks_ms": 1500.0,
     "P5_bytes_per_lane": 256.0,
     "P6_mb": 50.0,
+    "P7_cold_s": 60.0,
+    "P7_warm_s": 2.0,
+    "P8_gets_per_1m_tokens": 10.0,
+    "P8_s3_over_local": 0.5,
 }
 
 LOG = None
@@ -235,6 +239,7 @@ def p2_cases(base: dict, q: bool) -> list[tuple[str, str, dict]]:
     return [
         ("NumPy copy", "project", {**t, "loader": "numpy_copy"}),
         ("NumPy shuffled-document copy", "project", {**t, "loader": "numpy_shuffled_copy"}),
+        ("NumPy copy in zephon_core's document order", "project", {**t, "loader": "numpy_zephon_order_copy"}),
         ("zephon_core TokenArraySource", "project", {**t, "loader": "zephon_core_npy"}),
         ("zephon_core MegatronIndexedSource", "project", {**t, "loader": "zephon_core_megatron"}),
     ]
@@ -456,12 +461,25 @@ def verdicts(R: dict) -> list[dict]:
             cpu = cps("zephon_core p=1") / cps(ref)
             add(f"P1 zephon_core p=1 vs {'plain ' if ref == 'generator' else ''}{ref} (tokens/s, wall)", target, v, v >= GOALS[key],
                 f"{v:.2f}x wall ({cpu:.2f}x per CPU-s)")
-    npc = tps(p2, "NumPy copy")
+    # Restated (#13): against a NumPy copy of the same documents in the same order as the pipeline delivers them.
+    npc = tps(p2, "NumPy copy in zephon_core's document order")
     for name in ("zephon_core TokenArraySource", "zephon_core MegatronIndexedSource"):
         v0 = tps(p2, name)
         if v0 and npc:
             v = v0 / npc
-            add(f"P2 {name.split()[-1]} vs NumPy copy (tokens/s)", ">= 0.5", v, v >= GOALS["P2_vs_numpy"], f"{v:.4f}")
+            add(f"P2 {name.split()[-1]} vs NumPy copy of its document order (tokens/s)", ">= 0.5", v, v >= GOALS["P2_vs_numpy"], f"{v:.4f}")
+    p7 = R.get("P7", {})
+    for where in ("local", "s3"):
+        for kind, key, lim in (("cold", "P7_cold_s", "<= 60 s"), ("warm", "P7_warm_s", "<= 2 s")):
+            v = p7.get(f"{where}_{kind}_s")
+            if v is not None:
+                add(f"P7 start-up over {p7['files']} shards, {kind}, {where}", lim, v, v <= GOALS[key], f"{v:.2f} s")
+    p8 = R.get("P8", {})
+    if "s3_blocks_gets_per_1m_tokens" in p8:
+        v = p8["s3_blocks_gets_per_1m_tokens"]
+        add("P8 object-store GETs per 1M tokens, block mode", "<= 10", v, v <= GOALS["P8_gets_per_1m_tokens"], f"{v:.1f}")
+        v = p8["blocks_s3_over_local"]
+        add("P8 throughput with 20 ms per request vs local disk, block mode", ">= 0.5", v, v >= GOALS["P8_s3_over_local"], f"{v:.2f}")
     x = p3.get("zephon_core p=1", {})
     if "early_ms" in x:
         worst = max(x["early_ms"], x["late_ms"])
@@ -637,6 +655,23 @@ def markdown(R: dict) -> str:
             L.append(f"Before ({bc}): tokenize pipeline {b5['checkpoint_call_ms_tokenize']:.2f} ms; pretokenized: "
                      + ", ".join(f"C={k} {v:.2f} ms" for k, v in b5["checkpoint_call_ms_pretok"].items()) + ".")
         L.append("")
+    if "P7" in R and "error" not in R["P7"]:
+        x = R["P7"]
+        L.append(f"## P7 start-up of a {x['files']}-shard JSONL source ({x['documents']} documents)\n")
+        L.append("| store | cold (no manifest) | `zephon index` | warm (manifest) |")
+        L.append("|---|---|---|---|")
+        for where in ("local", "s3"):
+            L.append(f"| {where} | {x[where + '_cold_s']:.2f} s | {x[where + '_index_s']:.2f} s | {x[where + '_warm_s']:.2f} s |")
+        L.append("")
+    if "P8" in R and "error" not in R["P8"]:
+        x = R["P8"]
+        L.append(f"## P8 object-store reads (moto on loopback, {x['latency_ms']} ms added per request by the proxy)\n")
+        L.append("| shuffle | GETs per 1M tokens | tokens/s S3 | tokens/s local | S3 / local |")
+        L.append("|---|---|---|---|---|")
+        for mode in ("per_document", "blocks"):
+            L.append(f"| {mode.replace('_', '-')} | {x[f's3_{mode}_gets_per_1m_tokens']:.1f} | {x[f's3_{mode}_tokens_per_s'] / 1e3:.0f} k | "
+                     f"{x[f'local_{mode}_tokens_per_s'] / 1e3:.0f} k | {x[f'{mode}_s3_over_local']:.2f} |")
+        L.append("")
     if "profiles" in R:
         L.append("## Profiles (py-spy, zephon_core, all threads)\n")
         for name, s in R["profiles"].items():
@@ -656,7 +691,7 @@ def main() -> int:
     ap.add_argument("--project-python", default=sys.executable)
     ap.add_argument("--peers-python", default=None)
     ap.add_argument("--quick", action="store_true", help="smoke run: one round, short windows, 2 and 8 ranks")
-    ap.add_argument("--only", default="P1,P2,P3,P4,P5,profile")
+    ap.add_argument("--only", default="P1,P2,P3,P4,P5,P7,P8,profile")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--s3rver", default=None, help="s3rver's bin/s3rver.js (bench/run.sh installs it): P4's second loopback S3 server")
     ap.add_argument("--docs", type=int, default=20000)
@@ -719,6 +754,19 @@ def main() -> int:
     if "P4" in only:
         log("P4 aggregation latency")
         R["P4"] = stage_p4(r, q, args.s3rver)
+    if "P7" in only:
+        log("P7 start-up over many shards (cold, warm; local, S3)")
+        R["P7"] = r.case("project", "startup", {"work": str(WORK), "files": 1000 if q else 10_000}, timeout=1800)
+        if "error" not in R["P7"]:
+            x = R["P7"]
+            log(f"  P7 local cold {x['local_cold_s']:.1f} s warm {x['local_warm_s']:.2f} s; s3 cold {x['s3_cold_s']:.1f} s warm {x['s3_warm_s']:.2f} s")
+    if "P8" in only:
+        log("P8 object-store reads (GETs per 1M tokens, 20 ms latency)")
+        R["P8"] = r.case("project", "s3_reads", {**base, "work": str(WORK), "batches": 60 if q else 300}, timeout=1800)
+        if "error" not in R["P8"]:
+            x = R["P8"]
+            log(f"  P8 blocks: {x['s3_blocks_gets_per_1m_tokens']:.1f} GETs/1M tokens, S3/local {x['blocks_s3_over_local']:.2f}; "
+                f"per document: {x['s3_per_document_gets_per_1m_tokens']:.1f} GETs/1M tokens, S3/local {x['per_document_s3_over_local']:.2f}")
     if "P5" in only:
         log("P5 checkpoint bytes")
         R["P5"] = r.case("project", "state_bytes", {**base, "lanes": [1, 8, 64]}, timeout=300)

@@ -5,7 +5,8 @@
 # interpreter version, so every clone, CI run and later session on this machine
 # shares it; a fresh machine builds it from scratch (~6 GB, ~10 minutes).
 #
-#   source scripts/env.sh     -> exports ZEPHON_VENV, ZEPHON_PY, ZEPHON_TT022
+#   source scripts/env.sh     -> exports ZEPHON_VENV, ZEPHON_PY, ZEPHON_TT022 and activates the
+#                                env: its bin/ goes first on PATH (zephon, python, torchrun)
 #   bash scripts/env.sh       -> builds it if missing and prints its path
 #
 # The project itself is installed editable into it from this clone (re-pointed when
@@ -53,7 +54,11 @@ _zephon_build_env() {
     exec 9>&-
   fi
   _zephon_install_project "$venv" || return 1
-  export ZEPHON_VENV="$venv" ZEPHON_PY="$venv/bin/python" ZEPHON_TT022="$tt022"
+  export ZEPHON_VENV="$venv" ZEPHON_PY="$venv/bin/python" ZEPHON_TT022="$tt022" VIRTUAL_ENV="$venv"
+  case ":$PATH:" in
+    *":$venv/bin:"*) ;;
+    *) export PATH="$venv/bin:$PATH" ;;
+  esac
 }
 
 _zephon_install_project() {

@@ -1,53 +1,134 @@
 #!/usr/bin/env bash
-# Every test: lint and type check, the serial suite (unit, property, e2e) and the MPI matrix.
-# Builds the environment on first use. Ends with one line (lint counts as one check):
+# The tests. Builds the environment on first use.
+#
+#   bash scripts/test.sh                      # everything: lint and type check, the serial suite
+#                                             # (unit, property, reliability, e2e) and the MPI matrix
+#   bash scripts/test.sh tests/unit/core      # only this pytest selection (any pytest arguments:
+#   bash scripts/test.sh -k restore -x        # paths, -k, -m, -x ...); no lint, no MPI matrix
+#   bash scripts/test.sh --lint --mpi tests/unit/core   # a selection plus lint and the matrix
+#
+# Ends with one line (lint counts as one check; a skipped stage counts nothing):
 #   zephon: N passed, N failed, N skipped
+# Ctrl-C or SIGTERM stops every process it started (pytest, torchrun and MPI ranks included,
+# even those in sessions of their own) and exits 130 / 143.
+# ZEPHON_ARTIFACTS: where logs, the JUnit XML and the index cache go (default .artifacts/).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-source scripts/env.sh
+
+lint=1 mpi=1 selection=()
+if (($#)); then
+  lint=0 mpi=0
+  for arg in "$@"; do
+    case "$arg" in
+      --lint) lint=1 ;;
+      --mpi) mpi=1 ;;
+      *) selection+=("$arg") ;;
+    esac
+  done
+fi
+
+# -- stopping everything on Ctrl-C / SIGTERM ---------------------------------------------
+# Stages run in the background and are waited for, so a signal is handled at once (bash
+# defers traps while a foreground child runs). The process tree is read before anything is
+# signalled: children that started their own session (timeout, torchrun launches) are still
+# descendants then, and would be orphaned if their parent died first.
+_descendants() {
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do
+    echo "$child"
+    _descendants "$child"
+  done
+}
+_stop_all() {
+  local code="$1" pids alive n
+  trap '' INT TERM
+  pids="$(_descendants $$)"
+  if [[ -n "$pids" ]]; then
+    # shellcheck disable=SC2086
+    kill -TERM $pids 2>/dev/null
+    for _ in $(seq 50); do
+      alive=""
+      for p in $pids; do kill -0 "$p" 2>/dev/null && alive+=" $p"; done
+      [[ -z "$alive" ]] && break
+      sleep 0.1
+    done
+    # shellcheck disable=SC2086
+    [[ -n "$alive" ]] && kill -KILL $alive 2>/dev/null
+  fi
+  n="$(wc -w <<<"$pids")"
+  echo "zephon: interrupted; stopped ${n// /} process(es)" >&2
+  exit "$code"
+}
+trap '_stop_all 130' INT
+trap '_stop_all 143' TERM
+
+run_stage() {  # run_stage CMD...: in the background, waited for; sets $rc
+  "$@" &
+  local pid=$!
+  wait "$pid"
+  rc=$?
+}
+
+source scripts/env.sh || exit 1
 export PYTHONPATH="$root:$root/integrations/torchtitan:$root/integrations/megatron${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
-art="$root/.artifacts"
+art="${ZEPHON_ARTIFACTS:-$root/.artifacts}"
 rm -rf "$art" && mkdir -p "$art"
 export ZEPHON_CACHE_DIR="$art/index-cache"
 
-status=0
-echo "== lint"
-bash scripts/lint.sh > "$art/lint.log" 2>&1
-lint_rc=$?
-tail -n 30 "$art/lint.log"
-[[ $lint_rc -ne 0 ]] && status=1
+status=0 rc=0
+lint_rc=skipped
+if ((lint)); then
+  echo "== lint"
+  run_stage bash -c 'bash scripts/lint.sh > "$1" 2>&1' lint "$art/lint.log"
+  lint_rc=$rc
+  tail -n 30 "$art/lint.log"
+  [[ $lint_rc -ne 0 ]] && status=1
+fi
 
-echo "== serial suite"
-timeout -k 30 4200 "$ZEPHON_PY" -m pytest tests -q -ra --timeout=1200 --junitxml="$art/serial.xml" "$@"
-rc=$?
-[[ $rc -ne 0 && $rc -ne 5 ]] && status=1
+xml=skipped
+if (($# == 0)) || ((${#selection[@]})); then
+  xml="$art/serial.xml"
+  if (($# == 0)); then
+    echo "== serial suite"
+    run_stage timeout -k 30 4200 "$ZEPHON_PY" -m pytest tests -q -ra --timeout=1200 --junitxml="$xml"
+  else
+    echo "== pytest ${selection[*]}"
+    run_stage timeout -k 30 4200 "$ZEPHON_PY" -m pytest -q -ra --timeout=1200 --junitxml="$xml" "${selection[@]}"
+  fi
+  [[ $rc -ne 0 && $rc -ne 5 ]] && status=1
+fi
 
-echo "== MPI matrix"
-bash scripts/run_mpi_matrix.sh | tee "$art/mpi.log"
-[[ ${PIPESTATUS[0]} -ne 0 ]] && status=1
+mpi_log=skipped
+if ((mpi)); then
+  echo "== MPI matrix"
+  mpi_log="$art/mpi.log"
+  run_stage bash -c 'bash scripts/run_mpi_matrix.sh | tee "$1"; exit "${PIPESTATUS[0]}"' mpi "$mpi_log"
+  [[ $rc -ne 0 ]] && status=1
+fi
 
-"$ZEPHON_PY" - "$art/serial.xml" "$art/mpi.log" "$lint_rc" <<'PY'
+"$ZEPHON_PY" - "$xml" "$mpi_log" "$lint_rc" <<'PY'
 import re, sys, xml.etree.ElementTree as ET
+xml, mpi_log, lint = sys.argv[1:]
 p = f = s = 0
-if sys.argv[3] == "0":
-    p += 1
-else:
-    f += 1
-try:
-    for suite in ET.parse(sys.argv[1]).getroot().iter("testsuite"):
-        t, e, fl, sk = (int(suite.get(k, 0)) for k in ("tests", "errors", "failures", "skipped"))
-        p += t - e - fl - sk; f += e + fl; s += sk
-except (OSError, ET.ParseError):
-    f += 1
-m = None
-for line in open(sys.argv[2], errors="replace"):
-    m = re.match(r"mpi: (\d+) passed, (\d+) failed, (\d+) skipped", line.strip()) or m
-if m:
-    p += int(m[1]); f += int(m[2]); s += int(m[3])
-else:
-    f += 1
+if lint != "skipped":
+    p, f = (1, 0) if lint == "0" else (0, 1)
+if xml != "skipped":
+    try:
+        for suite in ET.parse(xml).getroot().iter("testsuite"):
+            t, e, fl, sk = (int(suite.get(k, 0)) for k in ("tests", "errors", "failures", "skipped"))
+            p += t - e - fl - sk; f += e + fl; s += sk
+    except (OSError, ET.ParseError):
+        f += 1
+if mpi_log != "skipped":
+    m = None
+    for line in open(mpi_log, errors="replace"):
+        m = re.match(r"mpi: (\d+) passed, (\d+) failed, (\d+) skipped", line.strip()) or m
+    if m:
+        p += int(m[1]); f += int(m[2]); s += int(m[3])
+    else:
+        f += 1
 print(f"zephon: {p} passed, {f} failed, {s} skipped")
 PY
 exit $status

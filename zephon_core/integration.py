@@ -10,14 +10,17 @@ names) into these calls and nothing more:
   state and the data-parallel degree, in that order of precedence;
 * ``topology_problems`` / ``refuse``: the start-up rules of the elastic
   guarantee, every broken one reported at once, worded in the framework's terms;
-* ``IntegrationError``: the one error type of an adapter's refusals.
+* ``IntegrationError``: the one error type of an adapter's refusals;
+* ``bundled_configs``: the bundled ``configs/`` folder, from a clone or an installed wheel.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from zephon_core.errors import ConfigError
@@ -26,6 +29,19 @@ from zephon_core.recipe import Recipe, load_recipe
 
 class IntegrationError(ConfigError):
     """A training run an adapter refuses to start, or a loader state it cannot use."""
+
+
+def bundled_configs() -> Path:
+    """The bundled ``configs/`` (recipes, demo corpus and tokenizer, job files): the clone's when this
+    ``zephon_core`` runs from one, else the copy an installed wheel carries as the package ``zephon_configs``."""
+    checkout = Path(__file__).resolve().parents[1] / "configs"
+    if (checkout / "data" / "demo.toml").is_file():
+        return checkout
+    spec = importlib.util.find_spec("zephon_configs")
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(location) / "data" / "demo.toml").is_file():
+            return Path(location)
+    raise ConfigError("the bundled configs are missing from this installation of zephon-suite; reinstall it")
 
 
 def load_training_recipe(path: str | os.PathLike[str], *, framework: str, role: str = "a training recipe",

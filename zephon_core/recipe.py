@@ -4,9 +4,12 @@
     chunk_size = 32
     canonical_replicas = 8
 
+    block_size = 0               # > 0: shuffle blocks of consecutive documents (docs/sources_at_scale.md)
+
     [[sources]]
-    path = "corpus/a.jsonl"      # relative paths resolve from the recipe's folder
+    path = "corpus/a.jsonl"      # relative paths resolve from the recipe's folder; a glob or a folder
     weight = 0.7                 # format = "jsonl" | "parquet" | "token_array" | "megatron"
+                                 # or paths = ["a/*.jsonl.gz", "b/"]: one source over all their files
 
     [shuffle]                    # optional: shuffle packed rows in windows
     window = 64
@@ -57,6 +60,7 @@ from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError
 from zephon_core.lane.docops import token_counter
 from zephon_core.lane.ops import PACK_MODES, RUNNERS
+from zephon_core.lane.tokenizer_file import load_tokenizer
 from zephon_core.pipeline import Pipeline
 from zephon_core.sources import JsonlSource, MegatronIndexedSource, ParquetSource, Source, TokenArraySource
 from zephon_core.validation import require_choice, require_int, require_positive_number
@@ -67,7 +71,8 @@ TOKEN_FORMATS = ("token_array", "megatron")
 
 @dataclass
 class SourceSpec:
-    path: str = "???"
+    path: Optional[str] = None
+    paths: Optional[list[str]] = None
     format: str = "jsonl"
     weight: float = 1.0
     text_field: str = "text"
@@ -124,6 +129,8 @@ class RecipeSpec:
     chunk_size: int = 64
     exhausted: str = "repeat"
     shuffle_documents: bool = True
+    block_size: int = 0
+    block_window: int = 8
     pack_mode: str = "concat"
     canonical_replicas: Optional[int] = None
     shuffle: ShuffleSpec = field(default_factory=ShuffleSpec)
@@ -150,8 +157,12 @@ class Recipe:
             raise self._err("sources", "at least one [[sources]] entry is required")
         kinds = set()
         for n, src in enumerate(s.sources):
-            if src.path == "???":
-                raise self._err(f"sources[{n}].path", "missing")
+            if (src.path is None) == (src.paths is None):
+                raise self._err(f"sources[{n}].path", "give either path (a file, a glob or a folder) or paths (a list of them)")
+            if src.paths is not None and not src.paths:
+                raise self._err(f"sources[{n}].paths", "must list at least one path")
+            if src.paths is not None and src.format == "token_array":
+                raise self._err(f"sources[{n}].paths", "a token_array source is one .npy pair; use path and offsets")
             if src.format not in TEXT_FORMATS + TOKEN_FORMATS:
                 raise self._err(f"sources[{n}].format", f"unknown format {src.format!r}; use one of {TEXT_FORMATS + TOKEN_FORMATS}")
             require_positive_number(src.weight, f"{self.path}: sources[{n}].weight")
@@ -165,6 +176,7 @@ class Recipe:
         require_choice(s.pack_mode, f"{self.path}: pack_mode", PACK_MODES)
         require_choice(s.execution.runner, f"{self.path}: execution.runner", RUNNERS)
         minimums = [("chunk_size", s.chunk_size, 1), ("shuffle.window", s.shuffle.window, 0), ("execution.parallelism", s.execution.parallelism, 1),
+                    ("block_size", s.block_size, 0), ("block_window", s.block_window, 1),
                     ("execution.prefetch", s.execution.prefetch, 0), ("execution.readahead", s.execution.readahead, 0)]
         if s.canonical_replicas is not None:
             minimums.append(("canonical_replicas", s.canonical_replicas, 1))
@@ -212,17 +224,29 @@ class Recipe:
 
     def sources(self) -> list[Source]:
         out: list[Source] = []
-        for src in self.spec.sources:
-            path = self.resolve(src.path)
+        for n, src in enumerate(self.spec.sources):
+            path: str | list[str] = [self.resolve(p) for p in src.paths] if src.paths is not None else self.resolve(src.path or "")
+            if isinstance(path, str):
+                self._require_written(n, src, path)
             if src.format == "jsonl":
                 out.append(JsonlSource(path, src.text_field, name=src.name))
             elif src.format == "parquet":
                 out.append(ParquetSource(path, src.text_field, name=src.name))
             elif src.format == "token_array":
+                assert isinstance(path, str)
                 out.append(TokenArraySource(path, self.resolve(src.offsets or ""), name=src.name))
             else:
                 out.append(MegatronIndexedSource(path, name=src.name))
         return out
+
+    def _require_written(self, n: int, src: SourceSpec, path: str) -> None:
+        """A Megatron prefix whose files do not exist yet: say how they are made, not just that they cannot be read."""
+        if src.format == "megatron" and "://" not in path and not set("*?[") & set(path) and not os.path.exists(path + ".idx") \
+                and not os.path.isdir(path):
+            raise self._err(
+                f"sources[{n}].path", f"no Megatron indexed dataset at {path} (.bin/.idx); write it first with Megatron-LM's "
+                "tools/preprocess_data.py (for the bundled corpus: python configs/megatron/make_indexed_corpus.py)"
+            )
 
     def work_source(self, seq_len: int | None = None, counter: TokenCounter | None = None) -> WorkSource:
         """The curriculum: a ``StaticMixture``, or a ``StagedMixture`` for ``[[stages]]`` or ``weight_by = "tokens"``.
@@ -231,7 +255,8 @@ class Recipe:
         counts tokens of text documents (``build`` passes the run's tokenizer).
         """
         s = self.spec
-        common: dict[str, Any] = {"seed": s.seed, "chunk_size": s.chunk_size, "exhausted": s.exhausted, "shuffle": s.shuffle_documents}
+        common: dict[str, Any] = {"seed": s.seed, "chunk_size": s.chunk_size, "exhausted": s.exhausted, "shuffle": s.shuffle_documents,
+                                  "block_size": s.block_size or None, "block_window": s.block_window}
         if not s.stages and s.weight_by == "documents":
             return StaticMixture(self.sources(), [src.weight for src in s.sources], **common)
         sources = self.sources()
@@ -297,9 +322,7 @@ class Recipe:
         if not self.pretokenized:
             if not st.tokenizer:
                 raise self._err("standalone.tokenizer", "text sources need a tokenizer file")
-            from tokenizers import Tokenizer
-
-            tokenizer = Tokenizer.from_file(self.resolve(st.tokenizer))
+            tokenizer = load_tokenizer(self.resolve(st.tokenizer), f"{self.path}: standalone.tokenizer")
         return self.build(seq_len=st.seq_len, batch_size=st.batch_size, tokenizer=tokenizer, bos_id=st.bos_id, eos_id=st.eos_id, **options)
 
 

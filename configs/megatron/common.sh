@@ -4,10 +4,13 @@ ZEPHON_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 NPROC="${NPROC:-8}"            # processes on this node
 TP="${TP:-1}"                  # --tensor-model-parallel-size
 PP="${PP:-1}"                  # --pipeline-model-parallel-size
+CP="${CP:-1}"                  # --context-parallel-size (--seq-length must be a multiple of 2 x CP)
 MBS="${MBS:-4}"                # --micro-batch-size
 GBS="${GBS:-64}"               # --global-batch-size: GBS / MBS must be a multiple of the recipe's canonical_replicas (8)
 SEQ="${SEQ:-1024}"
 ITERS="${ITERS:-2000}"
+LAYERS="${LAYERS:-12}" HIDDEN="${HIDDEN:-768}" HEADS="${HEADS:-12}"   # the GPT's size
+PRECISION="${PRECISION---bf16}"   # --bf16, --fp16, or empty for fp32
 RECIPE="${RECIPE:-$ZEPHON_ROOT/configs/data/mg_train.toml}"
 VALID_RECIPE="${VALID_RECIPE:-$ZEPHON_ROOT/configs/data/mg_heldout.toml}"
 RUN_DIR="${RUN_DIR:-/tmp/zephon-megatron-gpt}"   # checkpoints, loader states, aggregation (shared by all nodes)
@@ -16,14 +19,15 @@ RUN_ID="${RUN_ID:-gpt-demo}"                     # unique per training run; keep
 export PYTHONPATH="$ZEPHON_ROOT:$ZEPHON_ROOT/integrations/megatron${PYTHONPATH:+:$PYTHONPATH}"
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
-# A small GPT over the bundled BPE tokenizer (HuggingFaceTokenizer needs `transformers`).
+# A small GPT over the bundled BPE tokenizer (HuggingFaceTokenizer needs `transformers`:
+# pip install ".[megatron]"; it reads configs/corpus offline).
 MODEL_FLAGS=(
-  --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
-  --num-layers 12 --hidden-size 768 --num-attention-heads 12
+  --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP" --context-parallel-size "$CP"
+  --num-layers "$LAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS"
   --seq-length "$SEQ" --max-position-embeddings "$SEQ"
   --micro-batch-size "$MBS" --global-batch-size "$GBS" --train-iters "$ITERS"
   --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 100 --weight-decay 0.1 --clip-grad 1.0
-  --bf16
+  $PRECISION
   --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$ZEPHON_ROOT/configs/corpus"
   --eod-mask-loss
   --log-interval 10

@@ -13,6 +13,20 @@ Launches (run lazily, shared by the tests; ~6-7 minutes in all on 2 cores):
                   raw text tokenized by Megatron's tokenizer, 6 steps, saves at 3;
 * ``pp_resume``   the same from ``pp_ref``'s step 3;
 * two launches that must refuse to start.
+
+Production topologies (``topologies``, ~2.5 minutes more):
+
+* ``cp_ref``      CP=2 x DP=2, wheel entry (Megatron's ``get_batch_on_this_cp_rank`` after the
+                  adapter's broadcast; the shim's all-gather attention), 6 steps, saves at 3 and 6,
+                  two held-out recipes evaluated at 3 and 6 (``--multiple-validation-sets
+                  --full-validation``);
+* ``cp_resume``   the same from ``cp_ref``'s step 3;
+* ``cp_dp1``      CP=2 x DP=1 from ``cp_ref``'s step 3 (an elastic resume with CP on);
+* ``vpp_ref``     PP=2 x 2 virtual stages x DP=2, launcher route, 6 steps (step 2 skipped), saves at 3;
+* ``vpp_resume``  the same from ``vpp_ref``'s step 3;
+* ``ramp_ref``    DP=2, ``--step-batch-size-schedule`` 8 -> 16 -> 24 samples, ``--iterations-to-skip 2``,
+                  saves at 3 (and where the batch grows);
+* ``ramp_dp1``    DP=1 from ``ramp_ref``'s step 3, in the middle of the ramp.
 """
 
 from __future__ import annotations
@@ -194,6 +208,152 @@ def test_refuses_a_resume_without_the_loader_state_of_that_iteration(runs):
     assert r.returncode != 0 and not r.timed_out
     assert "no loader state for iteration 3" in r.text and "iterations with a loader state: [6]" in r.text
     assert "iteration        4/" not in r.text
+
+
+# -- production topologies: context parallelism, virtual pipelines, batch-size schedules ------------------
+SKIP = ["--iterations-to-skip", "2"]  # megatron-core's own dummy step would call next() on the list of chunk iterators
+RAMP = ["--train-samples", "96", "--step-batch-size-schedule", "0:8 512:16 1536:24", "--iterations-to-skip", "2"]
+RAMP_STEPS = [4, 4, 8, 8, 12, 12]  # micro-batches per step: thresholds are tokens (seq 32), 512 = 16 samples
+
+
+@pytest.fixture(scope="module")
+def topologies(tmp_path_factory):
+    if not _megatron_available():
+        pytest.skip("megatron-core >= 0.17 (megatron.training) is not importable by the harness's interpreter")
+    pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    root = tmp_path_factory.mktemp("megatron-topologies")
+    assets = h.make_assets(root / "assets")
+    heldout = h.make_heldout_sets(root / "assets")
+    cache: dict[str, h.RunResult] = {}
+
+    def get(name: str) -> h.RunResult:
+        if name in cache:
+            return cache[name]
+        Z, data = h.Zrun, assets.indexed_recipe
+        sets = dict(valid_recipe=heldout, eval_iters=1, eval_interval=3, extra=["--multiple-validation-sets", "--full-validation"])
+        if name == "cp_ref":
+            z = Z("wheel", 4, data, cp=2, save_interval=3, **sets)
+        elif name == "cp_resume":
+            ref = get("cp_ref").run_dir
+            z = Z("wheel", 4, data, cp=2, save_interval=3, load=ref / "ckpt", load_step=3, loader_states_from=ref / "loader", **sets)
+        elif name == "cp_dp1":
+            ref = get("cp_ref").run_dir
+            z = Z("wheel", 2, data, cp=2, load=ref / "ckpt", load_step=3, loader_states_from=ref / "loader")
+        elif name == "vpp_ref":
+            z = Z("launch", 4, data, pp=2, layers=4, layers_per_virtual_stage=1, save_interval=3, extra=SKIP)
+        elif name == "vpp_resume":
+            ref = get("vpp_ref").run_dir
+            z = Z("launch", 4, data, pp=2, layers=4, layers_per_virtual_stage=1, save_interval=3, load=ref / "ckpt", load_step=3,
+                  loader_states_from=ref / "loader", extra=SKIP)
+        elif name == "ramp_ref":
+            z = Z("wheel", 2, data, gbs=None, train_iters=None, save_interval=3, extra=RAMP)
+        elif name == "ramp_dp1":
+            ref = get("ramp_ref").run_dir
+            z = Z("wheel", 1, data, gbs=None, train_iters=None, load=ref / "ckpt", load_step=3, loader_states_from=ref / "loader",
+                  extra=RAMP)
+        else:
+            raise KeyError(name)
+        r = h.run(root, name, z, timeout=300)
+        print(f"[megatron e2e] {name}: rc={r.returncode} {r.wall_s:.0f}s")
+        assert r.ok, f"{name} failed (rc={r.returncode}, timed out={r.timed_out}):\n{r.log_tail()}"
+        cache[name] = r
+        return r
+
+    get.reference = functools.lru_cache(maxsize=None)(lambda steps: h.reference_steps(assets.indexed_recipe, list(steps)))
+    return get
+
+
+def _distinct_streams_of(r: h.RunResult, n_ranks: int) -> list[list[tuple[int, int, str]]]:
+    logs = r.batch_log()
+    assert len(logs) == n_ranks, f"expected {n_ranks} per-rank batch logs, got ranks {sorted(logs)}"
+    out: list[list[tuple[int, int, str]]] = []
+    for rows in logs.values():
+        if rows not in out:
+            out.append(rows)
+    return out
+
+
+def _state_files(r: h.RunResult, iteration: int) -> list[str]:
+    folder = r.run_dir / "loader" / f"iter_{iteration:07d}"
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*.pt"))
+
+
+@pytest.mark.e2e
+def test_context_parallel_peers_read_the_same_full_batches_and_one_pipeline_per_dp_rank_saves(topologies):
+    r = topologies("cp_ref")
+    streams = _distinct_streams(r)
+    # 4 ranks = 2 data-parallel ranks x 2 context-parallel peers, each peer with its own Pipeline:
+    # two distinct streams, every step exactly what the recipe defines for it.
+    assert len(streams) == 2 and all(len(s) == 12 for s in streams)
+    assert r.steps() == topologies.reference((4,) * 6)
+    assert _state_files(r, 3) == ["mp_rank_00/train_dataloader_dprank000.pt", "mp_rank_00/train_dataloader_dprank001.pt"]
+    from zephon_megatron.state import read_loader_file
+
+    st = read_loader_file(str(r.run_dir / "loader" / "iter_0000003" / "mp_rank_00" / "train_dataloader_dprank000.pt"))
+    assert (st.iteration, st.delivered) == (3, 12)  # the merged state of the two coordinating Pipelines only
+
+
+@pytest.mark.e2e
+def test_context_parallel_training_matches_the_run_without_it(topologies, runs):
+    # Same data, same initial weights: CP=2 (sequence split by Megatron, attention over the
+    # all-gathered keys) computes the losses of TP=2 x DP=2 up to float rounding.
+    cp, tp = h.per_iteration(topologies("cp_ref").logged_losses), h.per_iteration(runs("tp_ref").logged_losses)
+    assert sorted(cp) == STEPS
+    for it in STEPS:
+        assert abs(cp[it] - tp[it]) <= 1e-4 * abs(tp[it]), f"iteration {it}: CP {cp[it]} vs TP {tp[it]}"
+
+
+@pytest.mark.e2e
+def test_context_parallel_resume_is_exact_and_each_held_out_set_has_its_own_loss(topologies):
+    a, b = topologies("cp_ref"), topologies("cp_resume")
+    assert b.steps() == {s: a.steps()[s] for s in (4, 5, 6)}
+    assert h.param_differences(a.run_dir / "ckpt", b.run_dir / "ckpt", 6) == []
+    va, vb = a.validation_sets, b.validation_sets
+    assert {k[0] for k in va} == {"heldout_a", "heldout_b"} and {k[1] for k in va} >= {"iteration 3", "iteration 6"}
+    assert va[("heldout_a", "iteration 3")] != va[("heldout_b", "iteration 3")]
+    at6 = {k: v for k, v in va.items() if k[1] == "iteration 6"}
+    assert at6 and {k: v for k, v in vb.items() if k[1] == "iteration 6"} == at6
+
+
+@pytest.mark.e2e
+def test_elastic_resume_with_context_parallelism_keeps_every_step(topologies):
+    r = topologies("cp_dp1")
+    got, want = r.steps(), topologies.reference((4,) * 6)
+    assert sorted(got) == [4, 5, 6] and all(got[s] == want[s] for s in got)
+    assert len(_distinct_streams_of(r, 2)) == 1  # both context-parallel peers read the same stream
+
+
+@pytest.mark.e2e
+def test_virtual_pipeline_chunks_are_served_from_one_stream_per_rank(topologies):
+    r = topologies("vpp_ref")
+    streams = _distinct_streams(r)
+    # The first chunk of stage 0 and the last chunk of stage 1 read (identical streams per DP rank);
+    # the other two chunks read nothing, so every rank logged each micro-batch once; the skipped
+    # step 2 consumed its micro-batches too.
+    assert len(streams) == 2 and all(len(s) == 12 for s in streams)
+    assert r.steps() == topologies.reference((4,) * 6)
+    assert sorted(r.logged_losses) == [1, 3, 4, 5, 6]
+    assert _state_files(r, 3) == ["mp_rank_00_000/train_dataloader_dprank000.pt", "mp_rank_00_000/train_dataloader_dprank001.pt"]
+
+
+@pytest.mark.e2e
+def test_virtual_pipeline_resume_is_exact(topologies):
+    a, b = topologies("vpp_ref"), topologies("vpp_resume")
+    assert b.steps() == {s: a.steps()[s] for s in (4, 5, 6)}
+    assert h.param_differences(a.run_dir / "ckpt", b.run_dir / "ckpt", 6) == []
+
+
+@pytest.mark.e2e
+def test_a_batch_size_ramp_with_a_skipped_step_keeps_every_step_across_a_dp_resize(topologies):
+    ref, resized = topologies("ramp_ref"), topologies("ramp_dp1")
+    want = topologies.reference(tuple(RAMP_STEPS))
+    # Megatron ramped 8 -> 16 -> 24 samples; step 2 was skipped but consumed its micro-batches.
+    assert ref.global_batches == {1: 8, 3: 16, 4: 16, 5: 24, 6: 24}
+    assert ref.steps(schedule=RAMP_STEPS) == want
+    # Resumed at step 3 on half the data-parallel ranks, between two sizes of the ramp.
+    got = resized.steps(schedule=RAMP_STEPS)
+    assert sorted(got) == [4, 5, 6] and all(got[s] == want[s] for s in got)
+    assert resized.global_batches == {4: 16, 5: 24, 6: 24}
 
 
 def test_per_iteration_undoes_second_iteration_average():

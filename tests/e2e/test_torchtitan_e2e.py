@@ -98,16 +98,16 @@ def test_misconfigured_canonical_replicas_fails_before_the_first_step(runs, tmp_
 
 
 def test_recipe_module_trainer_hands_the_loader_the_batch_sizes(runs, tmp_path):
-    """``--module zephon_torchtitan``: ZephonTrainer gives the loader the job's final batch sizes, so a
-    step of 2 batches (llama3_debugmodel's default: no gradient accumulation, dp=2) is refused against C=4
-    before the first step, without any Zephon option for it."""
+    """``--module zephon_torchtitan``: ZephonTrainer gives the loader the job's final batch sizes (after the CLI
+    flags), so a step of 2 batches (global 4 / local 2) is refused against C=4 before the first step, without
+    any Zephon option for it."""
     if runs.version != "0.3":
         pytest.skip("the recipe module is TorchTitan 0.3's")
     from tt_runs import ASSETS, ROOT, harness
 
     dump = tmp_path / "module"
     args = ["--module", "zephon_torchtitan", "--config", "llama3_debugmodel_zephon", "--hf_assets_path", str(ASSETS),
-            "--dump_folder", str(dump), "--training.local_batch_size", "2", "--training.steps", "2",
+            "--dump_folder", str(dump), "--training.local_batch_size", "2", "--training.global_batch_size", "4", "--training.steps", "2",
             "--training.mixed_precision_param", "float32"]
     env = {"PYTHONPATH": f"{ROOT}:{ROOT / 'integrations' / 'torchtitan'}"}
     r = harness.run_torchtitan("0.3", 2, args, dump, env=env, cpu_defaults=False, timeout=600, check=False)

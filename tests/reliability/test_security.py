@@ -24,6 +24,7 @@ from zephon_core import AggregationError, DataError, JsonlSource, StateError, To
 from zephon_core.errors import ConfigError
 from zephon_core.recipe import load_recipe
 from zephon_core.sources import index_cache
+from zephon_core.sources.jsonl import JsonlFile
 from zephon_core.tools.state_readers import StateReadError, load_state
 
 CORE = relkit.REPO / "zephon_core"
@@ -200,8 +201,8 @@ def test_follower_refuses_a_merged_file_holding_a_pickle(tmp_path, rel):
 # -- cached indexes are checked against the source ---------------------------------------------
 def _count_builds(monkeypatch) -> list:
     calls: list = []
-    original = JsonlSource._build_index
-    monkeypatch.setattr(JsonlSource, "_build_index", lambda self: calls.append(1) or original(self))
+    original = JsonlFile._build_index
+    monkeypatch.setattr(JsonlFile, "_build_index", lambda self, *whole: calls.append(1) or original(self, *whole))
     return calls
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.curriculum.mixture import largest_remainder
 
-_GLOBAL = ("kind", "seed", "chunk_size", "exhausted", "shuffle")
+_GLOBAL = ("kind", "seed", "chunk_size", "exhausted", "shuffle", "order")
 _DATA = ("start_chunk", "weight_by", "weights", "per_chunk")  # what a StaticMixture's one stage can be compared on
 
 

@@ -65,5 +65,7 @@ def diff_definitions(a: Any, b: Any, path: str = "") -> list[str]:
             out.append(f"{path}: {len(a)} entries vs {len(b)}")
         for n, (x, y) in enumerate(zip(a, b)):
             out.extend(diff_definitions(x, y, f"{path}[{n}]"))
+        for n in range(min(len(a), len(b)), max(len(a), len(b))):
+            out.append(f"{path}[{n}]: only in the {'first' if n < len(a) else 'second'} ({(a if n < len(a) else b)[n]!r})")
         return out
     return [] if a == b else [f"{path}: {a!r} vs {b!r}"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.curriculum.order import EpochPermutation, SourceOrder
+from zephon_core.curriculum.order import BlockShuffle, EpochPermutation, SourceOrder
 from zephon_core.curriculum.work_source import Chunk, WorkSource, interleave
 from zephon_core.errors import ConfigError
 from zephon_core.sources.base import Source
@@ -52,6 +52,11 @@ class StaticMixture(WorkSource):
             runs out (its last chunk is partial: no document of that source is
             dropped).
         shuffle: permute documents within each epoch (``False`` reads in file order).
+        block_size: with ``shuffle``, shuffle blocks of this many consecutive
+            documents and documents within windows of ``block_window`` blocks
+            (``curriculum.order.BlockShuffle``) instead of every document: far
+            fewer object-store requests, a more local shuffle. None: per document.
+        block_window: blocks per window in block mode.
     """
 
     def __init__(
@@ -63,6 +68,8 @@ class StaticMixture(WorkSource):
         chunk_size: int = 64,
         exhausted: str = "repeat",
         shuffle: bool = True,
+        block_size: int | None = None,
+        block_window: int = 8,
     ) -> None:
         sources = list(sources)
         if not sources:
@@ -79,6 +86,9 @@ class StaticMixture(WorkSource):
         chunk_size = require_int(chunk_size, "chunk_size", 1)
         require_choice(exhausted, "exhausted", EXHAUSTION_POLICIES)
         seed = require_int(seed, "seed")
+        if block_size is not None:
+            block_size = require_int(block_size, "block_size", 1)
+        block_window = require_int(block_window, "block_window", 1)
         counts = largest_remainder(weights, chunk_size)
         for i, c in enumerate(counts):
             if c == 0:
@@ -94,8 +104,16 @@ class StaticMixture(WorkSource):
         self.shuffle = shuffle
         self.counts = counts
         self._sizes = [len(s) for s in sources]
-        self._orders: list[SourceOrder] = [EpochPermutation(n, seed, i) if shuffle else SourceOrder(n) for i, n in enumerate(self._sizes)]
+        self.block_size, self.block_window = block_size, block_window
+        self._orders = [self._order(n, i) for i, n in enumerate(self._sizes)]
         self._num_chunks = None if exhausted == "repeat" else min(math.ceil(n / c) for n, c in zip(self._sizes, counts))
+
+    def _order(self, n: int, source: int) -> SourceOrder:
+        if not self.shuffle:
+            return SourceOrder(n)
+        if self.block_size is not None:
+            return BlockShuffle(n, self.seed, source, self.block_size, self.block_window)
+        return EpochPermutation(n, self.seed, source)
 
     @property
     def chunks_per_epoch(self) -> int:
@@ -134,7 +152,7 @@ class StaticMixture(WorkSource):
 
     def definition(self) -> dict[str, Any]:
         """Everything that defines the curriculum, for fingerprints and diffs."""
-        return {
+        out: dict[str, Any] = {
             "kind": "static_mixture",
             "seed": self.seed,
             "chunk_size": self.chunk_size,
@@ -142,9 +160,14 @@ class StaticMixture(WorkSource):
             "shuffle": self.shuffle,
             "sources": [{"name": s.name, "weight": w, **s.fingerprint()} for s, w in zip(self.sources, self.weights)],
         }
+        order = self._orders[0].definition()
+        if order is not None:  # only block mode adds a key: every other definition stays as it was
+            out["order"] = order
+        return out
 
     def describe(self) -> list[str]:
-        lines = [f"StaticMixture(seed={self.seed}, chunk_size={self.chunk_size}, exhausted={self.exhausted!r})"]
+        order = f", block_size={self.block_size}, block_window={self.block_window}" if self.block_size and self.shuffle else ""
+        lines = [f"StaticMixture(seed={self.seed}, chunk_size={self.chunk_size}, exhausted={self.exhausted!r}{order})"]
         for s, w, c in zip(self.sources, self.weights, self.counts):
             lines.append(f"  {s.describe()}  weight={w:g} -> {c}/{self.chunk_size} per chunk")
         return lines

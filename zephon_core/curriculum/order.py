@@ -51,3 +51,53 @@ class EpochPermutation(SourceOrder):
             sel = epochs == e
             out[sel] = _permutation(self.n, derive_key("epoch", self.seed, self.source, int(e))).take(positions[sel] % self.n)
         return out
+
+
+class BlockShuffle(SourceOrder):
+    """Locality-preserving shuffle: blocks of ``block`` consecutive documents, permuted per epoch,
+    then documents permuted within each window of ``window`` consecutive (permuted) blocks.
+
+    One epoch is ``n // block`` full blocks in a seeded order, then the last
+    partial block, cut into windows of ``window`` blocks (``window * block``
+    documents, the last window shorter). Position ``p`` of an epoch lies in
+    window ``p // (window * block)``, so every position maps in O(1) memory and
+    without looking at any other. Documents of one window come from at most
+    ``window`` runs of consecutive documents, which is what lets one object-store
+    request serve many of them; the price is that a document's neighbours in the
+    stream come from the same ``window * block`` documents.
+    """
+
+    def __init__(self, n: int, seed: int, source: int, block: int, window: int) -> None:
+        super().__init__(n)
+        self.seed, self.source, self.block, self.window = seed, source, block, window
+        self._full = n // block  # full blocks; the rest (n % block documents) is the last, partial block
+
+    def definition(self) -> dict[str, Any] | None:
+        return {"kind": "blocks", "block_size": self.block, "window": self.window}
+
+    def _window_docs(self, e: int, w: int, windows: int) -> np.ndarray:
+        """Document numbers of window ``w`` of epoch ``e``, in natural order (before the window's permutation)."""
+        first, last = w * self.window, min((w + 1) * self.window, self._full)
+        blocks = _permutation(self._full, derive_key("blocks", self.seed, self.source, e)).take(np.arange(first, last)) \
+            if self._full > 1 and last > first else np.arange(first, last, dtype=np.int64)
+        docs = (blocks[:, None] * self.block + np.arange(self.block, dtype=np.int64)).ravel()
+        if w == windows - 1 and self.n % self.block:  # the last window also holds the partial block
+            docs = np.concatenate([docs, np.arange(self._full * self.block, self.n, dtype=np.int64)])
+        return docs
+
+    def documents(self, positions: np.ndarray) -> np.ndarray:
+        span = self.window * self.block
+        windows = max(1, -(-self.n // span))
+        out = np.empty_like(positions)
+        epochs, within = positions // self.n, positions % self.n
+        wins = np.minimum(within // span, windows - 1)
+        keys = epochs * windows + wins
+        for key in np.unique(keys):
+            e, w = divmod(int(key), windows)
+            sel = keys == key
+            docs = self._window_docs(e, w, windows)
+            offset = within[sel] - w * span
+            if len(docs) > 1:
+                offset = _permutation(len(docs), derive_key("window", self.seed, self.source, e, w)).take(offset)
+            out[sel] = docs[offset]
+        return out

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core.curriculum.mixture import EXHAUSTION_POLICIES
-from zephon_core.curriculum.order import EpochPermutation, SourceOrder
+from zephon_core.curriculum.order import BlockShuffle, EpochPermutation, SourceOrder
 from zephon_core.curriculum.schedule import Schedule
 from zephon_core.curriculum.stage_report import describe_schedule
 from zephon_core.curriculum.token_index import DocumentTokens, TokenCounter, TokenIndex, measure_tokens
@@ -131,6 +131,7 @@ class StagedMixture(WorkSource):
         seed, chunk_size, exhausted, shuffle: as for ``StaticMixture``
             (``exhausted="stop"`` ends the curriculum when a source of the
             current stage runs out).
+        block_size, block_window: the source orders of ``StaticMixture`` (block shuffle).
         tokens_per_step: tokens one optimizer step consumes (rows per step x
             ``seq_len + 1``), for stages that start at ``start_step``.
         token_counter: counts the tokens of text documents (``zephon_core.token_counter``),
@@ -146,6 +147,8 @@ class StagedMixture(WorkSource):
         chunk_size: int = 64,
         exhausted: str = "repeat",
         shuffle: bool = True,
+        block_size: int | None = None,
+        block_window: int = 8,
         tokens_per_step: int | None = None,
         token_counter: TokenCounter | None = None,
     ) -> None:
@@ -166,7 +169,7 @@ class StagedMixture(WorkSource):
         self.shuffle = bool(shuffle)
         self.tokens_per_step = tokens_per_step
         sizes = [len(s) for s in sources]
-        self._orders: list[SourceOrder] = [EpochPermutation(n, self.seed, i) if shuffle else SourceOrder(n) for i, n in enumerate(sizes)]
+        self._orders = [_order(n, self.seed, i, self.shuffle, block_size, block_window) for i, n in enumerate(sizes)]
         weights = [[st.weights.get(n, 0) for n in names] for st in self.stages]
         tokens = self._measure(token_counter)
         indices = {}
@@ -231,6 +234,9 @@ class StagedMixture(WorkSource):
             "sources": [{"name": s.name, **s.fingerprint()} for s in self.sources],
             "stages": [_stage_definition(st, plan, sched.names, self.tokens_per_step) for st, plan in zip(self.stages, sched.plans)],
         }
+        order = self._orders[0].definition()
+        if order is not None:  # block mode, as in StaticMixture's definition
+            out["order"] = order
         if sched.tokens is not None:
             out["token_estimates"] = {n: dict(t.method) for n, t in zip(sched.names, sched.tokens)}
         return out
@@ -243,8 +249,19 @@ class StagedMixture(WorkSource):
         return describe_schedule(self._schedule, self.stages, self.sources, self._header(), self.tokens_per_step)
 
     def _header(self) -> str:
-        return (f"StagedMixture(seed={self.seed}, chunk_size={self.chunk_size}, exhausted={self.exhausted!r}, shuffle={self.shuffle}): "
+        order = self._orders[0].definition()
+        blocks = f", block_size={order['block_size']}, block_window={order['window']}" if order else ""
+        return (f"StagedMixture(seed={self.seed}, chunk_size={self.chunk_size}, exhausted={self.exhausted!r}, shuffle={self.shuffle}{blocks}): "
                 f"{len(self.stages)} stage(s) over {len(self.sources)} source(s)")
+
+
+def _order(n: int, seed: int, source: int, shuffle: bool, block_size: int | None, block_window: int) -> SourceOrder:
+    """Source ``source``'s order, as ``StaticMixture`` builds it (the same documents at every position)."""
+    if not shuffle:
+        return SourceOrder(n)
+    if block_size is not None:
+        return BlockShuffle(n, seed, source, require_int(block_size, "block_size", 1), require_int(block_window, "block_window", 1))
+    return EpochPermutation(n, seed, source)
 
 
 def _stage_definition(st: Stage, plan: Any, names: Sequence[str], tokens_per_step: int | None) -> dict[str, Any]:

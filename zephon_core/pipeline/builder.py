@@ -50,13 +50,7 @@ class Pipeline:
         self._engine: Engine | None = None
         self._aggregator: Any = None
         self._lock = threading.Lock()
-        if self._identity.canonical_replicas % self._identity.dp_degree:
-            warnings.warn(
-                f"canonical_replicas={self._identity.canonical_replicas} is not divisible by dp_degree={self._identity.dp_degree}: "
-                "data-parallel groups own different numbers of lanes, which unbalances their load",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        _warn_if_uneven(self._identity, stacklevel=3)
 
     # -- building -------------------------------------------------------------
     def _with(self, op: Op) -> Pipeline:
@@ -227,5 +221,19 @@ class Pipeline:
                 "restore from the merged state (checkpoint() with world_size > 1, or merge_states)"
             )
         verify_checksum(state)
+        _warn_if_uneven(ident, stacklevel=3)  # the adopted canonical_replicas may not divide this dp_degree
         self._identity = ident
         self._restored = {lane: lanes[lane] for lane in ident.lanes}
+
+
+def _warn_if_uneven(ident: Identity, stacklevel: int) -> None:
+    """Warn when ``dp_degree`` does not divide ``canonical_replicas``: the run leaves the elastic guarantee."""
+    C, G = ident.canonical_replicas, ident.dp_degree
+    if C % G:
+        warnings.warn(
+            f"canonical_replicas={C} is not divisible by dp_degree={G}: data-parallel groups own different numbers of lanes, "
+            f"which unbalances their load, and a global step no longer holds the same samples as on a dp_degree dividing {C}, "
+            f"so steps after a resize differ; use a dp_degree among {[d for d in range(1, C + 1) if C % d == 0]}",
+            RuntimeWarning,
+            stacklevel=stacklevel,
+        )

@@ -87,6 +87,15 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
+def sample_digest(data: bytes) -> str:
+    """``content_fingerprint``'s sample hash of a whole file held in memory (the same value)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(data[:_SAMPLE_BYTES])
+    if len(data) > _SAMPLE_BYTES:
+        h.update(data[max(_SAMPLE_BYTES, len(data) - _SAMPLE_BYTES):])
+    return h.hexdigest()
+
+
 def content_fingerprint(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
     """Size plus a hash of the first and last MiB of one file."""
     try:
@@ -94,6 +103,14 @@ def content_fingerprint(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, A
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     h = hashlib.blake2b(digest_size=16)
+    if not is_local(fs):  # verified, retried ranges: a store's stream can end early on a failed request
+        from zephon_core.sources.remote import fetch_range
+
+        if size:
+            h.update(fetch_range(fs, path, 0, min(size, _SAMPLE_BYTES)))
+        if size > _SAMPLE_BYTES:
+            h.update(fetch_range(fs, path, max(_SAMPLE_BYTES, size - _SAMPLE_BYTES), size))
+        return {"size": size, "sample_blake2b": h.hexdigest()}
     with fs.open(path, "rb") as f:
         h.update(f.read(_SAMPLE_BYTES))
         if size > 2 * _SAMPLE_BYTES:

@@ -1,24 +1,53 @@
-"""JSON Lines documents, read by byte offset."""
+"""JSON Lines documents, read by byte offset: one file (``JsonlFile``) or many (``JsonlSource``).
+
+Compressed shards (``.jsonl.gz``, ``.jsonl.zst``) are decompressed once, whole,
+into the node-local shard cache and read from there by byte offset: a gzip or
+zstd stream cannot be entered in the middle, and one pass per shard per node
+costs less than any index of restart points read by thousands of ranks.
+"""
 
 from __future__ import annotations
 
+import gzip
 import json
-import os
-import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.sources import index_cache
-from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs
+from zephon_core.sources import index_cache, manifest
+from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs, sample_digest
+from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
+from zephon_core.sources.manifest import ShardMeta
+from zephon_core.sources.remote import LocalBytes, RemoteBytes, fetch_object, fetch_range, iter_bytes
+from zephon_core.sources.shard_cache import ShardCache
+from zephon_core.sources.sharded import ShardedSource
 
 _READ_BLOCK = 1 << 22
+SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+SMALL_OBJECT_BYTES = 2 << 20  # fetched whole at start-up instead of sampled and scanned in several requests
 
 
-class JsonlSource(Source):
-    """One JSON object per line.
+def _decompressor(path: str) -> str | None:
+    return "gzip" if path.endswith(".gz") else "zstd" if path.endswith(".zst") else None
+
+
+def _decompress(kind: str, src: IO[bytes], dst: IO[bytes]) -> None:
+    if kind == "gzip":
+        with gzip.GzipFile(fileobj=src) as z:
+            while chunk := z.read(_READ_BLOCK):
+                dst.write(chunk)
+        return
+    try:
+        import zstandard
+    except ImportError:
+        raise DataError("reading .jsonl.zst files needs the zstandard package: pip install 'zephon-suite[zstd]'") from None
+    zstandard.ZstdDecompressor().copy_stream(src, dst)
+
+
+class JsonlFile(Source):
+    """One JSON Lines file (plain, ``.gz`` or ``.zst``; local or on an object store).
 
     With ``text_field`` set (the default ``"text"``) a document is that field's
     string; with ``text_field=None`` it is the whole object. The byte-offset
@@ -28,51 +57,87 @@ class JsonlSource(Source):
     Blank lines are skipped.
     """
 
-    def __init__(
-        self,
-        path: str,
-        text_field: str | None = "text",
-        *,
-        name: str | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        storage_options: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, path: str, text_field: str | None = "text", *, name: str | None = None, storage_options: dict[str, Any] | None = None,
+                 access: Access = DEFAULT_ACCESS, known: ShardMeta | None = None, index: dict[str, np.ndarray] | None = None,
+                 stat: FileStat | None = None, allow_empty: bool = False) -> None:
         self.path = str(path)
         self.text_field = text_field
         self.name = name or default_name(self.path)
         self._fs, self._fspath = open_fs(self.path, storage_options)
-        self._local = is_local(self._fs)
-        self._fingerprint = {
-            "kind": "jsonl",
-            "text_field": text_field,
-            **content_fingerprint(self._fs, self._fspath),
-        }
+        whole = self._small_object(stat, access) if known is None else None
+        if known is not None:
+            sample = {"size": known.size, "sample_blake2b": known.sample_blake2b}
+        elif whole is not None:
+            sample = {"size": len(whole), "sample_blake2b": sample_digest(whole)}
+        else:
+            sample = content_fingerprint(self._fs, self._fspath)
+        self._fingerprint: dict[str, Any] = {"kind": "jsonl", "text_field": text_field, **sample}
+        self._bytes = self._byte_reader(access)
+        arrays = self._index(access, index, stat, whole)
+        self._starts, self._lengths, self._lines = arrays["starts"], arrays["lengths"], arrays["lines"]
+        if not allow_empty:
+            self._require_nonempty(self.path)
+
+    def _small_object(self, stat: FileStat | None, access: Access) -> bytes | None:
+        """A small plain object on a store, whole, in one request (its sample and its index come from it)."""
+        if stat is None or is_local(self._fs) or _decompressor(self._fspath) or access.local_copy or stat.size > SMALL_OBJECT_BYTES:
+            return None
+        return fetch_range(self._fs, self._fspath, 0, stat.size, access.attempts) if stat.size else b""
+
+    def _byte_reader(self, access: Access) -> LocalBytes | RemoteBytes:
+        kind = _decompressor(self._fspath)
+        size = int(self._fingerprint["size"])
+        if kind is None and is_local(self._fs):
+            return LocalBytes(self._fspath)
+        if kind is None and not access.local_copy:
+            return RemoteBytes(self._fs, self._fspath, size, attempts=access.attempts)
+        cache = ShardCache(None if access.cache_dir is None else f"{access.cache_dir}/shards", access.cache_bytes)
+        key = f"{kind or 'copy'}\x1f{self._fs.unstrip_protocol(self._fspath)}\x1f{self._fingerprint['sample_blake2b']}\x1f{size}"
+
+        def make(out: IO[bytes]) -> None:
+            if kind is None:
+                fetch_object(self._fs, self._fspath, size, out, access.attempts)
+                return
+            with self._fs.open(self._fspath, "rb") as src:
+                try:
+                    _decompress(kind, src, out)
+                except DataError:
+                    raise
+                except Exception as e:  # gzip: OSError/EOFError, zstandard: ZstdError
+                    raise DataError(f"{self.path}: cannot decompress ({kind}): {type(e).__name__}: {e}") from None
+
+        return LocalBytes(str(cache.get(key, make)))
+
+    def _index(self, access: Access, given: dict[str, np.ndarray] | None, stat: FileStat | None, whole: bytes | None) -> dict[str, np.ndarray]:
         cache_file = index_cache.cache_path(
-            index_cache.cache_root(cache_dir), self._fs.unstrip_protocol(self._fspath), f"jsonl:{text_field}"
+            index_cache.cache_root(access.cache_dir), self._fs.unstrip_protocol(self._fspath), f"jsonl:{self.text_field}"
         )
         # The cache is also keyed on the modification time: the content
         # fingerprint samples only the ends of a file, and an index must never
         # be reused for a file edited in the middle.
-        try:
-            mtime = self._fs.info(self._fspath).get("mtime") or self._fs.modified(self._fspath).timestamp()
-        except (NotImplementedError, AttributeError, OSError):
-            mtime = None
-        cache_key = {**self._fingerprint, "mtime": str(mtime)}
-        arrays = index_cache.load(cache_file, cache_key)
-        if arrays is not None and not self._plausible(arrays):
-            arrays = None
-        if arrays is None:
-            arrays = self._build_index()
-            index_cache.store(cache_file, cache_key, arrays)
-        self._starts = arrays["starts"]
-        self._lengths = arrays["lengths"]
-        self._lines = arrays["lines"]
-        self._fd: int | None = None
-        self._fd_lock = threading.Lock()
-        self._require_nonempty(self.path)
+        if stat is not None and (stat.etag or stat.mtime):
+            version: Any = stat.etag or stat.mtime  # from the listing: no request of its own
+        else:
+            try:
+                info = self._fs.info(self._fspath)
+                version = info.get("ETag") or info.get("mtime") or self._fs.modified(self._fspath).timestamp()
+            except (NotImplementedError, AttributeError, OSError):
+                version = None
+        cache_key = {**self._fingerprint, "mtime": str(version)}
+        cached = index_cache.load(cache_file, cache_key)
+        if cached is not None and self._plausible(cached):
+            return cached
+        arrays = given if given is not None and self._plausible(given) else self._build_index(whole)
+        index_cache.store(cache_file, cache_key, arrays)
+        return arrays
+
+    @property
+    def index_arrays(self) -> dict[str, np.ndarray]:
+        """The byte-offset index (what a manifest stores next to the data)."""
+        return {"starts": self._starts, "lengths": self._lengths, "lines": self._lines}
 
     def _plausible(self, arrays: dict[str, np.ndarray]) -> bool:
-        """A cached index must describe this file: ordered, in bounds, ending at its last record."""
+        """An index must describe this file: ordered, in bounds, ending at its last record."""
         try:
             starts, lengths, lines = arrays["starts"], arrays["lengths"], arrays["lines"]
         except KeyError:
@@ -81,46 +146,46 @@ class JsonlSource(Source):
         if n == 0 or len(lengths) != n or len(lines) != n or any(a.dtype != np.int64 for a in (starts, lengths, lines)):
             return False
         ends = starts + lengths
-        size = int(self._fingerprint["size"])
-        if starts[0] < 0 or np.any(lengths <= 0) or np.any(starts[1:] <= ends[:-1]) or ends[-1] > size or np.any(np.diff(lines) <= 0):
+        if starts[0] < 0 or np.any(lengths <= 0) or np.any(starts[1:] <= ends[:-1]) or np.any(np.diff(lines) <= 0):
             return False
-        with self._fs.open(self._fspath, "rb") as f:  # nothing but whitespace may follow the last record
-            f.seek(int(ends[-1]))
-            return not f.read(size - int(ends[-1])).strip()
+        if int(ends[-1]) > self._bytes.size:
+            return False
+        (tail,) = self._bytes.read_many([(int(ends[-1]), self._bytes.size - int(ends[-1]))])  # only whitespace may follow
+        return not tail.strip()
 
-    def _build_index(self) -> dict[str, np.ndarray]:
+    def _build_index(self, whole: bytes | None = None) -> dict[str, np.ndarray]:
         starts: list[int] = []
         lengths: list[int] = []
         lines: list[int] = []
         offset = 0
         lineno = 0
         carry = b""
-        with self._fs.open(self._fspath, "rb") as f:
-            while True:
-                block = f.read(_READ_BLOCK)
-                if not block and not carry:
-                    break
-                data = carry + block
-                if block:
-                    cut = data.rfind(b"\n") + 1
-                    if cut == 0:
-                        carry = data
-                        continue
-                    data, carry = data[:cut], data[cut:]
-                else:
-                    carry = b""
-                pos = 0
-                # Only "\n" ends a record: a lone "\r" is whitespace inside JSON.
-                for raw in (data[:-1] if data.endswith(b"\n") else data).split(b"\n"):
-                    lineno += 1
-                    body = raw[:-1] if raw.endswith(b"\r") else raw
-                    if body.strip():
-                        self._parse(body, lineno)
-                        starts.append(offset + pos)
-                        lengths.append(len(body))
-                        lines.append(lineno)
-                    pos += len(raw) + 1
-                offset += pos
+        blocks = iter_bytes(self._bytes, _READ_BLOCK) if whole is None else iter([whole])
+        while True:
+            block = next(blocks, b"")
+            if not block and not carry:
+                break
+            data = carry + block
+            if block:
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:
+                    carry = data
+                    continue
+                data, carry = data[:cut], data[cut:]
+            else:
+                carry = b""
+            pos = 0
+            # Only "\n" ends a record: a lone "\r" is whitespace inside JSON.
+            for raw in (data[:-1] if data.endswith(b"\n") else data).split(b"\n"):
+                lineno += 1
+                body = raw[:-1] if raw.endswith(b"\r") else raw
+                if body.strip():
+                    self._parse(body, lineno)
+                    starts.append(offset + pos)
+                    lengths.append(len(body))
+                    lines.append(lineno)
+                pos += len(raw) + 1
+            offset += pos
         return {
             "starts": np.asarray(starts, dtype=np.int64),
             "lengths": np.asarray(lengths, dtype=np.int64),
@@ -151,21 +216,9 @@ class JsonlSource(Source):
     def __len__(self) -> int:
         return len(self._starts)
 
-    def _read_bytes(self, start: int, length: int) -> bytes:
-        if self._local:
-            if self._fd is None:
-                with self._fd_lock:
-                    if self._fd is None:
-                        self._fd = os.open(self._fspath, os.O_RDONLY)
-            return os.pread(self._fd, length, start)
-        return self._fs.cat_file(self._fspath, start=start, end=start + length)
-
     def read(self, indices: Sequence[int]) -> list[Any]:
-        out = []
-        for i in indices:
-            start, length = int(self._starts[i]), int(self._lengths[i])
-            out.append(self._parse(self._read_bytes(start, length), int(self._lines[i])))
-        return out
+        spans = [(int(self._starts[i]), int(self._lengths[i])) for i in indices]
+        return [self._parse(raw, int(self._lines[i])) for raw, i in zip(self._bytes.read_many(spans), indices)]
 
     def byte_lengths(self) -> np.ndarray:
         """Bytes of every record's line (the whole JSON object, not only its text field)."""
@@ -174,7 +227,37 @@ class JsonlSource(Source):
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
 
-    def __del__(self) -> None:
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            os.close(fd)
+
+class JsonlSource(ShardedSource):
+    """JSON Lines documents from one file, a glob (``"data/*.jsonl.gz"``), a folder (its ``.jsonl``,
+    ``.jsonl.gz`` and ``.jsonl.zst`` files, recursively) or a list of them; files in sorted order.
+
+    A single file keeps the single-file fingerprint. For many files, the folder's
+    ``zephon-manifest.json`` (``zephon index``) is used when present (one read,
+    validated against one listing); otherwise every file is indexed on up to 16
+    threads and the indexes are cached. See docs/sources_at_scale.md.
+    """
+
+    kind = "jsonl"
+    suffixes = SUFFIXES
+
+    def __init__(self, path: str | Sequence[str], text_field: str | None = "text", *, name: str | None = None,
+                 cache_dir: str | None = None, storage_options: dict[str, Any] | None = None, attempts: int = 5,
+                 local_copy: bool = False, cache_bytes: int | None = None, use_manifest: bool = True, access: Access | None = None) -> None:
+        self.text_field = text_field
+        access = access or Access(attempts, None if cache_dir is None else str(cache_dir), cache_bytes, local_copy, use_manifest)
+        self._init_files(path, name, storage_options, access)
+
+    def manifest_options(self) -> dict[str, Any]:
+        return {"text_field": self.text_field}
+
+    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> JsonlFile:
+        index = manifest.read_index(self.files, meta.name) if meta is not None and self.access.manifest else None
+        return JsonlFile(url, self.text_field, storage_options=self.storage_options, access=self.access, known=meta, index=index, stat=stat,
+                         allow_empty=not single)
+
+    def index_arrays(self, f: int) -> dict[str, np.ndarray]:
+        """File ``f``'s byte-offset index, for the manifest."""
+        opened = self.file(f)
+        assert isinstance(opened, JsonlFile)
+        return opened.index_arrays

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -10,22 +11,28 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.sources.base import Source, content_fingerprint, default_name, open_fs
+from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs
+from zephon_core.sources.files import Access, FileStat
+from zephon_core.sources.manifest import ShardMeta
+from zephon_core.sources.sharded import ShardedSource
 
 _CACHED_ROW_GROUPS = 4
 
 
-class ParquetSource(Source):
+class ParquetFile(Source):
     """Rows of one Parquet file; a document is the ``text_field`` column's string."""
 
-    def __init__(self, path: str, text_field: str = "text", *, name: str | None = None, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, path: str, text_field: str = "text", *, name: str | None = None, storage_options: dict[str, Any] | None = None,
+                 known: ShardMeta | None = None, attempts: int = 5, allow_empty: bool = False) -> None:
         import pyarrow.parquet as pq
 
         self.path = str(path)
         self.text_field = text_field
         self.name = name or default_name(self.path)
         self._fs, self._fspath = open_fs(self.path, storage_options)
-        self._fingerprint = {"kind": "parquet", "text_field": text_field, **content_fingerprint(self._fs, self._fspath)}
+        sample = {"size": known.size, "sample_blake2b": known.sample_blake2b} if known else content_fingerprint(self._fs, self._fspath)
+        self._fingerprint = {"kind": "parquet", "text_field": text_field, **sample}
+        self._attempts = attempts
         try:
             self._file = pq.ParquetFile(self._fs.open(self._fspath, "rb"))
         except Exception as e:  # pyarrow raises several unrelated types for a bad file
@@ -43,7 +50,8 @@ class ParquetSource(Source):
         self._group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self._lock = threading.Lock()
         self._groups: OrderedDict[int, list[Any]] = OrderedDict()
-        self._require_nonempty(self.path)
+        if not allow_empty:
+            self._require_nonempty(self.path)
 
     def __len__(self) -> int:
         return int(self._group_starts[-1])
@@ -53,14 +61,28 @@ class ParquetSource(Source):
             if g in self._groups:
                 self._groups.move_to_end(g)
                 return self._groups[g]
-            try:
-                values = self._file.read_row_group(g, columns=[self.text_field]).column(0).to_pylist()
-            except Exception as e:  # pyarrow raises several unrelated types for corrupt data
-                raise DataError(f"{self.path}: row group {g}: cannot read column {self.text_field!r} ({type(e).__name__}: {e})") from None
+            values = self._read_group(g)
             self._groups[g] = values
             if len(self._groups) > _CACHED_ROW_GROUPS:
                 self._groups.popitem(last=False)
             return values
+
+    def _read_group(self, g: int) -> list[Any]:
+        # A transient store failure is retried on a fresh file handle; corrupt data fails at once.
+        for attempt in range(self._attempts):
+            try:
+                return list(self._file.read_row_group(g, columns=[self.text_field]).column(0).to_pylist())
+            except OSError as e:
+                if is_local(self._fs) or attempt + 1 == self._attempts:
+                    raise DataError(f"{self.path}: row group {g}: cannot read column {self.text_field!r} after {attempt + 1} "
+                                    f"attempt(s) ({type(e).__name__}: {e})") from None
+                import pyarrow.parquet as pq
+
+                time.sleep(0.05 * 2**attempt)
+                self._file = pq.ParquetFile(self._fs.open(self._fspath, "rb"))
+            except Exception as e:  # pyarrow raises several unrelated types for corrupt data
+                raise DataError(f"{self.path}: row group {g}: cannot read column {self.text_field!r} ({type(e).__name__}: {e})") from None
+        raise AssertionError("unreachable")
 
     def read(self, indices: Sequence[int]) -> list[Any]:
         out = []
@@ -74,3 +96,29 @@ class ParquetSource(Source):
 
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
+
+
+class ParquetSource(ShardedSource):
+    """Parquet rows from one file, a glob (``"s3://bucket/fineweb/*.parquet"``), a folder (its
+    ``.parquet`` files, recursively) or a list of them; files in sorted order.
+
+    A document is the ``text_field`` column's string. For many files the folder's
+    manifest is used when present, otherwise every file's footer is read on up to
+    16 threads. See docs/sources_at_scale.md.
+    """
+
+    kind = "parquet"
+    suffixes = (".parquet",)
+
+    def __init__(self, path: str | Sequence[str], text_field: str = "text", *, name: str | None = None,
+                 storage_options: dict[str, Any] | None = None, attempts: int = 5, use_manifest: bool = True,
+                 access: Access | None = None) -> None:
+        self.text_field = text_field
+        self._init_files(path, name, storage_options, access or Access(attempts=attempts, manifest=use_manifest))
+
+    def manifest_options(self) -> dict[str, Any]:
+        return {"text_field": self.text_field}
+
+    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> ParquetFile:
+        return ParquetFile(url, self.text_field, storage_options=self.storage_options, known=meta, attempts=self.access.attempts,
+                           allow_empty=not single)

@@ -5,6 +5,8 @@ Both are memory-mapped, so opening a corpus of any size costs only its index.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import struct
 from collections.abc import Sequence
@@ -14,6 +16,9 @@ import numpy as np
 
 from zephon_core.errors import DataError
 from zephon_core.sources.base import Source, content_fingerprint, default_name, gather_index, is_local, open_fs
+from zephon_core.sources.files import Access, FileStat
+from zephon_core.sources.manifest import ShardMeta
+from zephon_core.sources.sharded import FlatShardedSource
 
 
 def _local_path(path: str) -> str:
@@ -126,20 +131,21 @@ _DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np
 _HEADER = struct.Struct("<9sQBQQ")
 
 
-class MegatronIndexedSource(Source):
+class MegatronIndexedFile(Source):
     """A Megatron ``.bin``/``.idx`` pair as written by ``preprocess_data.py``.
 
     ``prefix`` is the path without extension. A document is the concatenation
     of the sequences between two document indices, as Megatron defines it.
     """
 
-    def __init__(self, prefix: str, *, name: str | None = None) -> None:
+    def __init__(self, prefix: str, *, name: str | None = None, allow_empty: bool = False) -> None:
         self.prefix = str(prefix)
         self.name = name or default_name(self.prefix)
         self._idx_path = _local_path(self.prefix + ".idx")
         self._bin_path = _local_path(self.prefix + ".bin")
         self._read_index()
-        self._require_nonempty(self.prefix)
+        if not allow_empty:
+            self._require_nonempty(self.prefix)
         self._fingerprint = {
             "kind": "megatron_indexed",
             "dtype": str(self._dtype),
@@ -218,3 +224,35 @@ class MegatronIndexedSource(Source):
 
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
+
+
+def _prefix_spec(spec: str) -> str:
+    """A prefix (or a glob of prefixes) names its ``.idx`` files; a folder stays a folder."""
+    fs, inner = open_fs(spec)
+    return spec if spec.endswith(".idx") or ("*" not in spec and fs.isdir(inner)) else spec + ".idx"
+
+
+class MegatronIndexedSource(FlatShardedSource):
+    """Megatron ``.bin``/``.idx`` datasets: one prefix, a glob of prefixes, a folder (its ``.idx``
+    files, recursively) or a list of prefixes, in sorted order (``["a_text_document", "b_text_document"]``).
+
+    Memory-mapped, so local or on a shared file system. A single prefix keeps the
+    single-dataset fingerprint.
+    """
+
+    kind = "megatron_indexed"
+    suffixes = (".idx",)
+
+    def __init__(self, prefix: str | Sequence[str], *, name: str | None = None, use_manifest: bool = True, access: Access | None = None) -> None:
+        specs: str | list[str] = _prefix_spec(prefix) if isinstance(prefix, (str, os.PathLike)) else [_prefix_spec(str(p)) for p in prefix]
+        self._init_files(specs, name, None, access or Access(manifest=use_manifest))
+        if isinstance(prefix, (str, os.PathLike)):
+            self.path = str(prefix)
+
+    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> MegatronIndexedFile:
+        return MegatronIndexedFile(url[: -len(".idx")], allow_empty=not single)
+
+    def meta_of(self, st: FileStat, opened: Source) -> ShardMeta:
+        fp = opened.fingerprint()
+        sample = hashlib.blake2b(json.dumps([fp["dtype"], fp["idx"], fp["bin"]], sort_keys=True).encode(), digest_size=16).hexdigest()
+        return ShardMeta(self.files.name(st), st.size, len(opened), sample, st.etag, st.mtime)

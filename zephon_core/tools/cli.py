@@ -1,7 +1,7 @@
 """The ``zephon`` command line: plan, inspect, compare, verify and trace data.
 
-Every command takes ``--help``. Errors print one line and exit 1; usage
-errors exit 2.
+Every command takes ``--help``. Errors print one line and exit 1 (``--debug``
+or ``ZEPHON_DEBUG=1`` adds the traceback); usage errors exit 2.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import Any
 
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import parse_lanes
-from zephon_core.errors import ZephonError
 from zephon_core.tools import curriculum_audit
+from zephon_core.tools.errors import CliError, debug_option, run
+from zephon_core.tools.index import add_index_parser
+from zephon_core.tools.init import add_init_parser
+from zephon_core.tools.progress import Progress
+from zephon_core.tools.shape import add_shape_options
 from zephon_core.tools.state_readers import load_state
-
-
-class CliError(Exception):
-    """A user-facing failure: printed as one line, exit status 1."""
 
 
 # -- loading ----------------------------------------------------------------------
@@ -30,26 +30,10 @@ def _recipe(path: str):
     return load_recipe(path)
 
 
-def _pipeline(recipe: Any, seq_len: int | None, batch_size: int | None, **options: Any):
-    st = recipe.spec.standalone
-    if st is not None and seq_len is None and batch_size is None:
-        return recipe.build_standalone(**options)
-    tokenizer = None
-    if not recipe.pretokenized:
-        if st is not None and st.tokenizer:
-            from tokenizers import Tokenizer
+def _pipeline(recipe: Any, a: argparse.Namespace, **options: Any):
+    from zephon_core.tools.shape import Shape, build
 
-            tokenizer = Tokenizer.from_file(recipe.resolve(st.tokenizer))
-        else:
-            raise CliError(f"{recipe.path}: text sources need [standalone] tokenizer = \"...\" for this command")
-    return recipe.build(
-        seq_len=seq_len or (st.seq_len if st else 128),
-        batch_size=batch_size or (st.batch_size if st else 1),
-        tokenizer=tokenizer,
-        bos_id=st.bos_id if st else None,
-        eos_id=st.eos_id if st else None,
-        **options,
-    )
+    return build(recipe, Shape(a.tokenizer, a.seq_len, a.batch_size, a.framework), **options)
 
 
 def _is_recipe(path: str) -> bool:
@@ -67,7 +51,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
     if a.world_size > 1:
         opts.setdefault("aggregate_dir", recipe.spec.aggregate.dir or "<aggregate_dir>")
         opts.setdefault("run_id", recipe.spec.aggregate.run_id or "run")
-    p = _pipeline(recipe, a.seq_len, a.batch_size, **opts)
+    p = _pipeline(recipe, a, **opts)
     print(p.explain(pipelines_per_node=a.per_node))
     return 0
 
@@ -103,14 +87,15 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     return 0
 
 
-def _resume_check(state_path: str, recipe_path: str, seq_len: int | None, batch_size: int | None) -> int:
-    """A checkpoint against a recipe: would the recipe's pipeline resume from it, and why (or why not)."""
-    state = load_state(state_path)
+def _resume_check(a: argparse.Namespace) -> int:
+    """A checkpoint (``a.a``) against a recipe (``a.b``): would the recipe's pipeline resume from it, and why (or why not)."""
+    state = load_state(a.a)
     parse_lanes(state)
     ops = {op.get("op"): op for op in state["definition"].get("ops", [])}
-    seq_len = seq_len or ops.get("pack", {}).get("seq_len")
-    batch_size = batch_size or ops.get("batch", {}).get("batch_size")
-    p = _pipeline(_recipe(recipe_path), seq_len, batch_size, canonical_replicas=state["canonical_replicas"], prefetch=0)
+    # The run's sizes are in the checkpoint; options given on the command line win.
+    shape = argparse.Namespace(**{**vars(a), "seq_len": a.seq_len or ops.get("pack", {}).get("seq_len"),
+                                  "batch_size": a.batch_size or ops.get("batch", {}).get("batch_size")})
+    p = _pipeline(_recipe(a.b), shape, canonical_replicas=state["canonical_replicas"], prefetch=0)
     verdict = p.resume_verdict(state)
     print(("accepted: " if verdict.accepted else "refused: ") + verdict.message)
     for line in verdict.differences:
@@ -122,7 +107,7 @@ def cmd_diff(a: argparse.Namespace) -> int:
     if _is_recipe(a.a) != _is_recipe(a.b):
         if _is_recipe(a.a):
             raise CliError("give the checkpoint first and the recipe second: zephon diff CHECKPOINT RECIPE")
-        return _resume_check(a.a, a.b, a.seq_len, a.batch_size)
+        return _resume_check(a)
     if _is_recipe(a.a):
         from omegaconf import OmegaConf
 
@@ -148,21 +133,6 @@ def cmd_diff(a: argparse.Namespace) -> int:
     return 1
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled = total, 0, enabled
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        if self.enabled:
-            width = 30
-            filled = width * self.done // max(1, self.total)
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label}   ")
-            if self.done == self.total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
 def cmd_verify_elastic(a: argparse.Namespace) -> int:
     from zephon_core.tools import simulate
 
@@ -176,12 +146,12 @@ def cmd_verify_elastic(a: argparse.Namespace) -> int:
             raise CliError(f"--batches-per-step {B} is not a multiple of dp_degree {G}")
     if not 0 < a.checkpoint_step < a.steps:
         raise CliError(f"--checkpoint-step must be between 1 and --steps - 1 ({a.steps - 1})")
-    progress = _Progress(a.steps * 2, enabled=not a.no_progress and sys.stderr.isatty() or a.progress)
+    progress = Progress(a.steps * 2, a)
 
     resumed = _recipe(a.resume_recipe) if a.resume_recipe else recipe
 
     def maker(r: Any):
-        return lambda G, gid: _pipeline(r, a.seq_len, a.batch_size, dp_degree=G, dp_group_id=gid, canonical_replicas=C, prefetch=0)
+        return lambda G, gid: _pipeline(r, a, dp_degree=G, dp_group_id=gid, canonical_replicas=C, prefetch=0)
 
     # The reference runs uninterrupted on the first topology (with the resumed recipe's curriculum throughout).
     ref_records, ref_state = simulate.run_phase(maker(resumed), simulate.Phase(a.from_, a.steps), B, None,
@@ -215,13 +185,17 @@ def cmd_trace(a: argparse.Namespace) -> int:
         raise CliError(f"--batches-per-step {B} must be a multiple of canonical_replicas {C} for a step's contents to be topology-free")
     if a.step < 1:
         raise CliError("--step counts from 1")
-    p = _pipeline(recipe, a.seq_len, a.batch_size, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0)
+    p = _pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0)
     names = [s.name for s in p.work_source.sources]
+    progress = Progress(a.step * B, a)
     with p:
         it = iter(p)
-        for _ in range((a.step - 1) * B):
-            next(it)
-        batches = [next(it) for _ in range(B)]
+        batches = []
+        for n in range(a.step * B):
+            b = next(it)
+            progress.step(f"batch {n + 1} of step {n // B + 1}")
+            if n >= (a.step - 1) * B:
+                batches.append(b)
         state = p.checkpoint()
     print(f"global step {a.step}: {B} batches (C={C}; lanes {owned_lanes(C, 1, 0)})")
     for b in sorted(batches, key=lambda b: (b.lane, b.lane_index)):
@@ -240,14 +214,16 @@ def cmd_trace(a: argparse.Namespace) -> int:
 
 
 # -- parser -------------------------------------------------------------------------
+def _progress_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
+    p.add_argument("--no-progress", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="zephon", description="Plan, inspect, compare, verify and trace Zephon data pipelines.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def shape(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--seq-len", type=int, help="override [standalone] seq_len")
-        p.add_argument("--batch-size", type=int, help="override [standalone] batch_size")
-
+    shape, progress = add_shape_options, _progress_options
     p = sub.add_parser("explain", help="show the plan of a recipe without loading data")
     p.add_argument("recipe")
     p.add_argument("--dp-degree", type=int)
@@ -279,8 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches-per-step", type=int, help="default: canonical_replicas")
     p.add_argument("--resume-recipe", metavar="RECIPE2", help="resume the checkpoint with this recipe (e.g. with a stage appended); "
                    "the reference then runs RECIPE2 throughout")
-    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
-    p.add_argument("--no-progress", action="store_true")
+    progress(p)
     shape(p)
     p.set_defaults(fn=cmd_verify_elastic)
 
@@ -289,20 +264,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, required=True, help="global step, from 1")
     p.add_argument("--canonical-replicas", type=int)
     p.add_argument("--batches-per-step", type=int, help="default: canonical_replicas")
+    progress(p)
     shape(p)
     p.set_defaults(fn=cmd_trace)
+
+    add_index_parser(sub)
+    add_init_parser(sub)
+    for sp in sub.choices.values():
+        debug_option(sp, argparse.SUPPRESS)
+    debug_option(ap, False)
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.fn(args))
-    except (CliError, ZephonError) as e:
-        print(f"zephon {args.command}: error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    return run(args.fn, args, f"zephon {args.command}", debug=args.debug)
 
 
 if __name__ == "__main__":

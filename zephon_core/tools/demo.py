@@ -1,6 +1,7 @@
 """The core-only elastic demo: ``python -m zephon_core.tools.demo``.
 
-Trains nothing: it runs the data path of ``configs/data/demo.toml`` on 8
+Trains nothing: it runs the data path of the bundled ``configs/data/demo.toml``
+(from the clone, or from the installed package) on 8
 data-parallel groups, checkpoints, resumes on 4 groups, checkpoints again,
 resumes on 2, and checks every global step against an uninterrupted 8-group
 run. Exit status 0 when every step matched.
@@ -10,20 +11,25 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+from zephon_core.integration import bundled_configs
 from zephon_core.recipe import load_recipe
+from zephon_core.tools.errors import debug_option, run
 from zephon_core.tools.simulate import Phase, first_mismatch, run_schedule
-
-DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "data" / "demo.toml"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recipe", default=str(DEFAULT_RECIPE))
+    ap.add_argument("--recipe", help="default: the bundled configs/data/demo.toml")
     ap.add_argument("--steps", type=int, nargs=3, default=[4, 3, 3], metavar=("AT_8", "AT_4", "AT_2"))
     ap.add_argument("--batches-per-step", type=int, default=16)
+    debug_option(ap, False)
     args = ap.parse_args(argv)
+    return run(_demo, args, "zephon demo", debug=args.debug)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    args.recipe = args.recipe or str(bundled_configs() / "data" / "demo.toml")
     recipe = load_recipe(args.recipe)
     C = recipe.spec.canonical_replicas or 8
 

@@ -31,8 +31,10 @@ CHOICE = "zephon"
 _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--zephon-recipe", dict(type=str, default=None, metavar="TOML",
                              help="Zephon data recipe for training (needs --dataloader-type zephon).")),
-    ("--zephon-valid-recipe", dict(type=str, default=None, metavar="TOML",
-                                   help="Held-out recipe for Megatron's evaluations; every evaluation reads the same batches.")),
+    ("--zephon-valid-recipe", dict(type=str, nargs="+", default=None, metavar="TOML",
+                                   help="Held-out recipe(s) for Megatron's evaluations; every evaluation reads the same "
+                                        "batches. Several: one loss per recipe (--multiple-validation-sets "
+                                        "--full-validation).")),
     ("--zephon-canonical-replicas", dict(type=int, default=None, metavar="C",
                                          help="Number of lanes (fixed for the life of a run; default: the recipe's, else the "
                                               "first run's data-parallel size).")),
@@ -122,12 +124,23 @@ def to_external(args: Any) -> bool:
     return bool(getattr(args, "zephon", False))
 
 
+def fill_eval_interval(args: Any) -> None:
+    """Give ``--eval-interval`` a value when ``--eval-iters 0`` leaves it unused.
+
+    megatron-core 0.19 has no default for it and divides by it while sizing the
+    datasets, even when nothing is evaluated; with evaluations, the user must say
+    how often (the validators refuse otherwise).
+    """
+    if getattr(args, "eval_interval", 0) is None and not getattr(args, "eval_iters", 0):
+        args.eval_interval = max(1, int(getattr(args, "train_iters", None) or 1))
+
+
 @dataclass(frozen=True)
 class Settings:
     """The adapter's flags, read from Megatron's namespace."""
 
     recipe: str
-    valid_recipe: str | None = None
+    valid_recipes: tuple[str, ...] = ()
     canonical_replicas: int | None = None
     aggregate_dir: str | None = None
     run_id: str | None = None
@@ -142,9 +155,17 @@ class Settings:
             raise ZephonMegatronError("zephon: --dataloader-type zephon needs --zephon-recipe <data recipe .toml>")
         return cls(
             recipe=recipe,
-            valid_recipe=getattr(args, "zephon_valid_recipe", None) or None,
+            valid_recipes=_as_tuple(getattr(args, "zephon_valid_recipe", None)),
             canonical_replicas=getattr(args, "zephon_canonical_replicas", None),
             aggregate_dir=getattr(args, "zephon_aggregate_dir", None) or None,
             run_id=getattr(args, "zephon_run_id", None) or None,
             dataloader_save=getattr(args, "dataloader_save", None) or None,
         )
+
+
+def _as_tuple(value: Any) -> tuple[str, ...]:
+    if not value:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(v) for v in value)

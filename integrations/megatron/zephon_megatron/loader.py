@@ -1,16 +1,25 @@
-"""The dataset provider and the iterators Megatron trains and evaluates from.
+"""The dataset provider: which ranks load, with which identity, from which state.
 
 Which ranks build a Pipeline: tensor-parallel rank 0 of the first and of the
 last pipeline stage (of every stage when the batches carry per-document
-sequence information, ``--dataloader-inter-document-masking``). Other
-tensor-parallel ranks receive each micro-batch by broadcast. The first and
-last stages of one data-parallel rank build identical Pipelines and so read
-identical streams.
+sequence information, ``--dataloader-inter-document-masking``), on **every**
+context-parallel rank, as Megatron's own GPT datasets are built. Other
+tensor-parallel ranks receive each micro-batch by broadcast; each
+context-parallel rank then keeps its slice of the sequence
+(``get_batch_on_this_cp_rank``). All Pipelines of one data-parallel rank
+(first and last stage, every context-parallel peer) have the same data
+identity and read identical streams.
 
-Identities: one Pipeline per data-parallel rank takes part in a checkpoint —
-the first stage's, which Megatron's checkpoint hook asks for ``save_state()``
-— so ``dp_degree = world_size = DP size`` and ``dp_group_id = global_rank =
-DP rank``; the other stages' Pipelines never coordinate (``world_size=1``).
+Identities: exactly one Pipeline per data-parallel rank takes part in a
+checkpoint — tensor-parallel rank 0 of the first stage with context-parallel
+rank 0 — so ``dp_degree = world_size = DP size`` and ``dp_group_id =
+global_rank = DP rank``; the others never coordinate (``world_size = 1``) and
+hand Megatron's checkpoint hook no state.
+
+Virtual pipeline parallelism: Megatron calls the provider once per model chunk
+(``vp_stage``). The first call builds the rank's one ``TrainStream``; each
+chunk that consumes data (the first chunk of the first stage, the last chunk
+of the last stage) gets its own reader of it, the others None.
 
 The provider is marked ``is_distributed`` so Megatron calls it on every rank:
 every rank runs the same start-up checks (and reads the resumed loader state),
@@ -20,20 +29,20 @@ collective.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from zephon_core import Batch, Pipeline
+from zephon_core import Pipeline
 from zephon_core.integration import Coordination, load_training_recipe, resolve_coordination
 from zephon_core.recipe import Recipe
-from zephon_core.tools import audit as batch_audit
 from zephon_megatron import state as loader_state
-from zephon_megatron.args import Settings, is_requested, to_external
-from zephon_megatron.batches import BatchFormat, to_megatron, to_torch
-from zephon_megatron.broadcast import BatchMeta, MicroBatch
+from zephon_megatron.args import Settings, fill_eval_interval, is_requested, to_external
+from zephon_megatron.batches import BatchFormat
+from zephon_megatron.iterators import TrainStream, ZephonTrainIterator, ZephonValidIterator, ZephonValidSet
+from zephon_megatron.schedule import BatchSchedule, StepCounter
+from zephon_megatron.tokenizer import TokenizerAdapter, tokenizer_eod
 from zephon_megatron.validate import RunShape, ZephonMegatronError, check
 
 #: Set by the entry point: True when the training script's get_batch uses
@@ -42,194 +51,6 @@ from zephon_megatron.validate import RunShape, ZephonMegatronError, check
 ROUTE = {"megatron_broadcast": True}
 
 
-# -- the tokenizer ------------------------------------------------------------------
-def _file_digest(path: str) -> str | None:
-    h = hashlib.sha256()
-    if os.path.isfile(path):
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
-    if os.path.isdir(path):
-        for root, _dirs, files in sorted(os.walk(path)):
-            for name in sorted(files):
-                p = os.path.join(root, name)
-                h.update(os.path.relpath(p, path).encode() + b"\0")
-                with open(p, "rb") as f:
-                    h.update(f.read())
-        return h.hexdigest()
-    return None
-
-
-def megatron_tokenizer_identity(tok: Any) -> str:
-    """A content identity for a Megatron tokenizer, recorded in the data fingerprint.
-
-    It uses the tokenizer's ``unique_identifiers`` (what Megatron keys its own
-    dataset caches on) with the tokenizer path replaced by a hash of the files
-    it names, so moving a tokenizer between a run and its resume is fine but
-    changing it is caught.
-    """
-    ids: dict[str, Any] = {"class": f"{type(tok).__module__}.{type(tok).__qualname__}"}
-    try:
-        unique = getattr(tok, "unique_identifiers", None)
-    except Exception:  # some tokenizers compute it lazily and may fail
-        unique = None
-    if unique:
-        ids.update({str(k): str(v) for k, v in dict(unique).items()})
-    path = ids.pop("tokenizer_path", None)
-    if path not in (None, "None", ""):
-        ids["tokenizer_content"] = _file_digest(str(path)) or str(path)
-    return "megatron:" + hashlib.sha256(json.dumps(ids, sort_keys=True).encode()).hexdigest()[:32]
-
-
-class TokenizerAdapter:
-    """Encodes documents the way Megatron's ``preprocess_data.py`` does: ``tokenizer.tokenize(text)``."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tok = tokenizer
-        self.zephon_identity = megatron_tokenizer_identity(tokenizer)
-
-    def encode(self, text: str) -> list[int]:
-        return [int(t) for t in self._tok.tokenize(text)]
-
-    def __reduce__(self) -> Any:  # for runner="process"
-        return (TokenizerAdapter, (self._tok,))
-
-
-def tokenizer_eod(tokenizer: Any) -> int | None:
-    for name in ("eod", "eos_id", "eos"):
-        try:
-            value = getattr(tokenizer, name, None)
-        except Exception:
-            value = None
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    return None
-
-
-# -- the audit log --------------------------------------------------------------------
-def open_batch_log() -> Any:
-    """``zephon_core.tools.audit``'s log for this process's global rank (None when unset)."""
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    return batch_audit.open_batch_log(rank)
-
-
-# -- iterators ------------------------------------------------------------------------
-def _micro_batch(b: Batch, fmt: BatchFormat, *, audit: bool = True) -> MicroBatch:
-    """Convert; ``audit`` attaches the batch's identity (training batches only: peers log it)."""
-    mb = MicroBatch(to_torch(to_megatron(b, fmt)))
-    if mb.get("cu_seqlens") is None:
-        dict.pop(mb, "cu_seqlens", None)
-        dict.pop(mb, "max_seqlen", None)
-    mb.meta = BatchMeta(b.lane, b.lane_index, b.digest) if audit else None
-    return mb
-
-
-class ZephonTrainIterator:
-    """Megatron's external training iterator: ``next()`` gives one micro-batch dict.
-
-    ``save_state()`` is called by Megatron's checkpoint hook after an optimizer
-    step; on the Pipelines that coordinate it is collective over the
-    data-parallel ranks.
-    """
-
-    def __init__(self, pipeline: Pipeline, fmt: BatchFormat, *, start_iteration: int, num_microbatches: int,
-                 batches_per_step: int, saves: bool) -> None:
-        self.pipeline = pipeline
-        self.fmt = fmt
-        self.start_iteration = start_iteration
-        self.num_microbatches = num_microbatches
-        self.batches_per_step = batches_per_step
-        self.saves = saves
-        self.delivered = 0  # micro-batches handed out by this launch
-        self._it: Iterator[Batch] | None = None
-        self._log = open_batch_log()
-
-    def __iter__(self) -> ZephonTrainIterator:
-        return self
-
-    def __next__(self) -> MicroBatch:
-        if self._it is None:
-            self._it = iter(self.pipeline)
-        b = next(self._it)
-        self.delivered += 1
-        if self._log is not None:
-            self._log.write(batch_audit.log_line(b))
-        return _micro_batch(b, self.fmt)
-
-    @property
-    def iteration(self) -> int:
-        """Optimizer steps completed, counting from the start of the run."""
-        return self.start_iteration + self.delivered // self.num_microbatches
-
-    def save_state(self) -> dict[str, Any]:
-        if not self.saves:
-            raise RuntimeError(
-                "zephon: save_state() was called on a loader that does not coordinate checkpoints (only tensor-parallel "
-                "rank 0 of the first pipeline stage saves the loader state)"
-            )
-        if self.delivered % self.num_microbatches:
-            raise RuntimeError(
-                f"zephon: save_state() after {self.delivered} micro-batches, in the middle of an optimizer step of "
-                f"{self.num_microbatches}; the loader state can only be saved between steps"
-            )
-        state = self.pipeline.checkpoint()
-        delivered = sum(v["delivered"] for v in state["lanes"].values())
-        if delivered != self.iteration * self.batches_per_step:
-            raise RuntimeError(
-                f"zephon: the merged loader state holds {delivered} micro-batches at iteration {self.iteration}, expected "
-                f"{self.iteration} x {self.batches_per_step}; data-parallel ranks consumed different amounts"
-            )
-        return loader_state.encode(state, iteration=self.iteration, batches_per_step=self.batches_per_step)
-
-
-class ZephonValidIterator:
-    """Megatron's external validation iterator over a held-out recipe.
-
-    Every evaluation consumes ``per_evaluation`` micro-batches; after that many
-    (or when the held-out data ends) the stream starts over, so every
-    evaluation — before or after a resume — reads exactly the same batches.
-    """
-
-    def __init__(self, make_pipeline: Callable[[], Pipeline], fmt: BatchFormat, per_evaluation: int) -> None:
-        self._make = make_pipeline
-        self.fmt = fmt
-        self.per_evaluation = max(1, per_evaluation)
-        self._pipeline: Pipeline | None = None
-        self._it: Iterator[Batch] | None = None
-        self._n = 0
-
-    def __iter__(self) -> ZephonValidIterator:
-        return self
-
-    def _restart(self) -> None:
-        if self._pipeline is not None:
-            self._pipeline.close()
-        self._pipeline = self._make()
-        self._it = iter(self._pipeline)
-        self._n = 0
-
-    def __next__(self) -> MicroBatch:
-        if self._it is None or self._n >= self.per_evaluation:
-            self._restart()
-        assert self._it is not None
-        try:
-            b = next(self._it)
-        except StopIteration:
-            if self._n == 0:
-                raise ZephonMegatronError("zephon: the held-out recipe yields no batch of this micro-batch size") from None
-            self._restart()
-            b = next(self._it)
-        self._n += 1
-        return _micro_batch(b, self.fmt, audit=False)
-
-    def save_state(self) -> None:  # validation has no state to keep
-        return None
-
-
-# -- building ---------------------------------------------------------------------------
 def _recipe(path: str, what: str) -> Recipe:
     return load_training_recipe(path, framework="Megatron", role=what, error=ZephonMegatronError)
 
@@ -242,15 +63,41 @@ def coordination(settings: Settings, recipe: Recipe, resumed: loader_state.Loade
     )
 
 
+def _endless(paths: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(p for p in paths if _recipe(p, "--zephon-valid-recipe").spec.exhausted != "stop")
+
+
 def shape_of(args: Any, settings: Settings, recipe: Recipe | None, *, C: int | None,
-             num_microbatches: int | None = None) -> RunShape:
+             schedule: BatchSchedule | None = None, num_microbatches: int | None = None) -> RunShape:
     if recipe is not None:
         coord = coordination(settings, recipe, None, int(args.data_parallel_size))
         agg_dir, run_id = coord.aggregate_dir, coord.run_id
     else:
         agg_dir, run_id = settings.aggregate_dir, settings.run_id
-    return RunShape.from_args(args, canonical_replicas=C, num_microbatches=num_microbatches, valid_recipe=settings.valid_recipe,
+    steps: tuple[tuple[int, int, int], ...] = ()
+    if schedule is not None and schedule.ramps:
+        steps = tuple((s.first, s.last, s.global_batch) for s in schedule.segments(getattr(args, "train_iters", None)))
+    full = bool(getattr(args, "full_validation", False))
+    return RunShape.from_args(args, canonical_replicas=C, num_microbatches=num_microbatches, batch_steps=steps,
+                              valid_recipes=settings.valid_recipes,
+                              endless_valid_recipes=_endless(settings.valid_recipes) if full else (),
                               aggregate_dir=agg_dir, run_id=run_id, megatron_broadcast=ROUTE["megatron_broadcast"])
+
+
+def _print_rank0(msg: str) -> None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def _name_validation_sets(args: Any, settings: Settings) -> None:
+    """With several held-out recipes and no --validation-set-names, Megatron's losses are named after the recipes."""
+    if not getattr(args, "multiple_validation_sets", False) or getattr(args, "validation_set_names", None):
+        return
+    names = [os.path.splitext(os.path.basename(p))[0] for p in settings.valid_recipes]
+    if names and len(set(names)) == len(names):
+        args.validation_set_names = names
 
 
 def prepare(args: Any) -> bool:
@@ -263,108 +110,231 @@ def prepare(args: Any) -> bool:
     if not is_requested(args):
         return False
     to_external(args)
+    fill_eval_interval(args)
     settings = Settings.from_args(args)
     recipe = _recipe(settings.recipe, "--zephon-recipe")
     C = settings.canonical_replicas or recipe.spec.canonical_replicas
     if C is None and not getattr(args, "load", None):
         C = int(args.data_parallel_size)  # a fresh run: the default the provider will use too
-    check(shape_of(args, settings, recipe, C=C))
+    schedule = BatchSchedule.from_megatron(args)
+    check(shape_of(args, settings, recipe, C=C, schedule=schedule))
+    _name_validation_sets(args, settings)
+    if getattr(args, "rampup_batch_size", None) and not schedule.ramps:
+        _print_rank0("zephon: note: this megatron-core ignores --rampup-batch-size (deprecated since 0.18): the run trains "
+                     f"at a constant global batch of {schedule.global_batch(0)}; a ramp is --step-batch-size-schedule")
     return True
 
 
-def _print_rank0(msg: str) -> None:
-    import torch.distributed as dist
+def _stage_batch(recipe: Recipe, schedule: BatchSchedule) -> int | None:
+    """The rows per step a recipe's ``start_step`` stages are checked against (None: nothing to check).
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
-        print(msg, flush=True)
+    Under a batch-size schedule a step is no fixed number of tokens, so such stages are refused.
+    """
+    stepped = [n for n, st in enumerate(recipe.spec.stages) if st.start_step is not None]
+    if schedule.ramps:
+        if stepped:
+            raise ZephonMegatronError(
+                f"zephon: {recipe.path}: stages[{stepped[0]}].start_step: this run's global batch size follows a schedule, so an "
+                "optimizer step is no fixed number of tokens; start the stage with start_tokens"
+            )
+        return None
+    return int(schedule.global_batch(0))
 
 
-def provide(args: Any) -> tuple[Any, Any, Any]:
-    """Build this rank's train and validation iterators (or Nones)."""
+@dataclass(frozen=True)
+class Place:
+    """Where this rank sits in Megatron's process grid, as far as loading is concerned."""
+
+    tp_rank: int
+    cp_rank: int
+    dp: int
+    dp_rank: int
+    pp: int
+    first: bool  # first pipeline stage (physical)
+    last: bool
+    all_stages: bool  # every stage needs the batches (--dataloader-inter-document-masking)
+
+    @classmethod
+    def from_mpu(cls, args: Any) -> Place:
+        from megatron.core import mpu
+
+        return cls(
+            tp_rank=mpu.get_tensor_model_parallel_rank(),
+            cp_rank=mpu.get_context_parallel_rank(),
+            dp=mpu.get_data_parallel_world_size(),
+            dp_rank=mpu.get_data_parallel_rank(),
+            pp=mpu.get_pipeline_model_parallel_world_size(),
+            first=mpu.is_pipeline_first_stage(ignore_virtual=True),
+            last=mpu.is_pipeline_last_stage(ignore_virtual=True),
+            all_stages=bool(getattr(args, "dataloader_inter_document_masking", False)),
+        )
+
+    @property
+    def loads(self) -> bool:
+        return self.tp_rank == 0 and (self.first or self.last or self.all_stages)
+
+    @property
+    def saves(self) -> bool:
+        """The one Pipeline of this data-parallel rank that takes part in checkpoints."""
+        return self.tp_rank == 0 and self.first and self.cp_rank == 0
+
+
+def chunk_reads(place: Place, vp_stage: int | None) -> bool:
+    """Whether model chunk ``vp_stage`` of this rank reads micro-batches (what Megatron's get_batch does)."""
+    if not place.loads:
+        return False
+    if place.all_stages or vp_stage is None:
+        return True
     from megatron.core import mpu
-    from megatron.core.num_microbatches_calculator import get_num_microbatches
 
-    prepare(args)
-    settings = Settings.from_args(args)
-    recipe = _recipe(settings.recipe, "--zephon-recipe")
-    tp_rank = mpu.get_tensor_model_parallel_rank()
-    first = mpu.is_pipeline_first_stage(ignore_virtual=True)
-    last = mpu.is_pipeline_last_stage(ignore_virtual=True)
-    dp = mpu.get_data_parallel_world_size()
-    dp_rank = mpu.get_data_parallel_rank()
-    pp = mpu.get_pipeline_model_parallel_world_size()
-    nmb = get_num_microbatches()
-    bps = nmb * dp
+    return (mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+            or mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage))
 
-    resumed = None
+
+def _resume(args: Any, settings: Settings, place: Place, schedule: BatchSchedule) -> loader_state.LoaderState | None:
     iteration = int(getattr(args, "iteration", 0) or 0)
-    if iteration > 0:
-        resumed = loader_state.load_for_iteration(settings.dataloader_save, iteration, dp_rank, batches_per_step=bps,
-                                                  pipeline_parallel=pp > 1)
-        newer = [i for i in loader_state.saved_iterations(settings.dataloader_save or "") if i > iteration]
-        if newer:
-            _print_rank0(f"zephon: resuming at iteration {iteration}; ignoring loader states of later iterations {newer} "
-                         "(their model checkpoints were not the ones loaded)")
-    coord = coordination(settings, recipe, resumed, dp)
-    C = coord.canonical_replicas
-    check(shape_of(args, settings, recipe, C=C, num_microbatches=nmb))
+    if iteration <= 0:
+        return None
+    consumed = int(getattr(args, "consumed_train_samples", 0) or 0)
+    resumed = loader_state.load_for_iteration(
+        settings.dataloader_save, iteration, place.dp_rank, batches_per_step=schedule.micro_batches(consumed),
+        pipeline_parallel=place.pp > 1, delivered=consumed // schedule.micro_batch_size, consumed_samples=consumed)
+    newer = [i for i in loader_state.saved_iterations(settings.dataloader_save or "") if i > iteration]
+    if newer:
+        _print_rank0(f"zephon: resuming at iteration {iteration}; ignoring loader states of later iterations {newer} "
+                     "(their model checkpoints were not the ones loaded)")
+    return resumed
 
-    all_stages = bool(getattr(args, "dataloader_inter_document_masking", False))
-    if tp_rank != 0 or not (first or last or all_stages):
-        return None, None, None
 
+def _tokenizer(args: Any, recipe: Recipe, settings: Settings) -> tuple[TokenizerAdapter | None, int | None]:
     tokenizer = None
-    eod = None
     try:
         from megatron.training import get_tokenizer
 
         tokenizer = get_tokenizer()
     except Exception:  # no tokenizer built (e.g. --tokenizer-type not given)
         tokenizer = None
-    if tokenizer is not None:
-        eod = tokenizer_eod(tokenizer)
+    eod = tokenizer_eod(tokenizer) if tokenizer is not None else None
     if not recipe.pretokenized and tokenizer is None:
         raise ZephonMegatronError(f"zephon: {settings.recipe} has text sources, which need Megatron's tokenizer (--tokenizer-type ...)")
     if getattr(args, "eod_mask_loss", False) and eod is None:
         raise ZephonMegatronError("zephon: --eod-mask-loss needs the tokenizer's end-of-document id; set --tokenizer-type")
-    fmt = BatchFormat.from_args(args, eod)
-    tok = TokenizerAdapter(tokenizer) if not recipe.pretokenized else None
+    return (TokenizerAdapter(tokenizer) if not recipe.pretokenized else None), eod
 
-    saves = first  # Megatron asks tensor-parallel rank 0 of the first stage only
-    options: dict[str, Any] = dict(dp_degree=dp, dp_group_id=dp_rank, canonical_replicas=C)
-    if saves and dp > 1:
-        options.update(world_size=dp, global_rank=dp_rank, aggregate_dir=coord.aggregate_dir, run_id=coord.run_id,
-                       aggregate_timeout_s=coord.aggregate_timeout_s)
-    pipeline = recipe.build(seq_len=args.seq_length, batch_size=args.micro_batch_size, tokenizer=tok, bos_id=None,
-                            eos_id=eod if tok is not None else None, global_batch_size=int(args.global_batch_size), **options)
-    if resumed is not None:
-        pipeline.restore(resumed.state)
-    train = ZephonTrainIterator(pipeline, fmt, start_iteration=iteration, num_microbatches=nmb, batches_per_step=bps,
-                                saves=saves)
 
-    valid = None
-    eval_iters = int(getattr(args, "eval_iters", 0) or 0)
-    if settings.valid_recipe and eval_iters > 0:
-        held_out = _recipe(settings.valid_recipe, "--zephon-valid-recipe")
-        eval_mbs = int(getattr(args, "eval_micro_batch_size", None) or args.micro_batch_size)
-        eval_gbs = int(getattr(args, "eval_global_batch_size", None) or args.global_batch_size)
-        per_eval = eval_iters * max(1, eval_gbs // (eval_mbs * dp))
-        valid_C = held_out.spec.canonical_replicas or dp
+class _Length:
+    """What a rank that never evaluates hands Megatron for a full validation set: only a length (it is never read)."""
 
-        def make_valid() -> Pipeline:
-            return held_out.build(seq_len=args.seq_length, batch_size=eval_mbs, tokenizer=tok, bos_id=None,
-                                  eos_id=eod if tok is not None else None, dp_degree=dp, dp_group_id=dp_rank,
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("zephon: a rank that does not load read a validation set")
+
+
+class RankLoader:
+    """Everything this rank serves Megatron in one run: the training stream and the held-out sets."""
+
+    def __init__(self, args: Any, settings: Settings, place: Place) -> None:
+        self.args = args
+        self.place = place
+        self.settings = settings
+        self.stream: TrainStream | None = None
+        self._valid_sets: list[ZephonValidSet] | None = None
+        recipe = _recipe(settings.recipe, "--zephon-recipe")
+        schedule = BatchSchedule.from_megatron(args)
+        resumed = _resume(args, settings, place, schedule)
+        coord = coordination(settings, recipe, resumed, place.dp)
+        check(shape_of(args, settings, recipe, C=coord.canonical_replicas, schedule=schedule))
+        self.tok, self.eod = (None, None)
+        if place.tp_rank == 0:
+            self.tok, self.eod = _tokenizer(args, recipe, settings)
+        self.fmt = BatchFormat.from_args(args, self.eod)
+        if place.loads:
+            self.stream = self._stream(recipe, coord, schedule, resumed)
+
+    def _stream(self, recipe: Recipe, coord: Coordination, schedule: BatchSchedule,
+                resumed: loader_state.LoaderState | None) -> TrainStream:
+        place, args = self.place, self.args
+        options: dict[str, Any] = dict(dp_degree=place.dp, dp_group_id=place.dp_rank, canonical_replicas=coord.canonical_replicas)
+        if place.saves and place.dp > 1:
+            options.update(world_size=place.dp, global_rank=place.dp_rank, aggregate_dir=coord.aggregate_dir,
+                           run_id=coord.run_id, aggregate_timeout_s=coord.aggregate_timeout_s)
+        pipeline = recipe.build(seq_len=args.seq_length, batch_size=args.micro_batch_size, tokenizer=self.tok, bos_id=None,
+                                eos_id=self.eod if self.tok is not None else None, global_batch_size=_stage_batch(recipe, schedule),
+                                **options)
+        if resumed is not None:
+            pipeline.restore(resumed.state)
+        counter = StepCounter(schedule, place.dp, iteration=int(getattr(args, "iteration", 0) or 0),
+                              consumed_samples=int(getattr(args, "consumed_train_samples", 0) or 0))
+        return TrainStream(pipeline, self.fmt, counter, saves=place.saves)
+
+    def train_for(self, vp_stage: int | None) -> ZephonTrainIterator | None:
+        if self.stream is None or not chunk_reads(self.place, vp_stage):
+            return None
+        return self.stream.reader()
+
+    def _held_out(self, path: str, batch_size: int) -> Callable[[], Pipeline]:
+        held_out = _recipe(path, "--zephon-valid-recipe")
+        place, args, tok, eod = self.place, self.args, self.tok, self.eod
+        valid_C = held_out.spec.canonical_replicas or place.dp
+
+        def make() -> Pipeline:
+            return held_out.build(seq_len=args.seq_length, batch_size=batch_size, tokenizer=tok, bos_id=None,
+                                  eos_id=eod if tok is not None else None, dp_degree=place.dp, dp_group_id=place.dp_rank,
                                   canonical_replicas=valid_C)
 
-        valid = ZephonValidIterator(make_valid, fmt, per_eval)
-    return train, valid, None
+        return make
+
+    def valid_for(self, vp_stage: int | None) -> Any:
+        args, paths = self.args, self.settings.valid_recipes
+        full = bool(getattr(args, "full_validation", False))
+        if not paths or not (full or int(getattr(args, "eval_iters", 0) or 0) > 0):
+            return None
+        eval_mbs = int(getattr(args, "eval_micro_batch_size", None) or args.micro_batch_size)
+        eval_gbs = int(getattr(args, "eval_global_batch_size", None) or args.global_batch_size)
+        per_iteration = max(1, eval_gbs // (eval_mbs * self.place.dp))
+        if full:
+            sets = self._full_sets(paths, eval_mbs, per_iteration)
+            return sets if getattr(args, "multiple_validation_sets", False) else sets[0]
+        if not chunk_reads(self.place, vp_stage):
+            return None
+        return ZephonValidIterator(self._held_out(paths[0], eval_mbs), self.fmt, int(args.eval_iters) * per_iteration)
+
+    def _full_sets(self, paths: tuple[str, ...], eval_mbs: int, per_iteration: int) -> list[Any]:
+        # Megatron needs a length on every rank (it all-reduces it, then broadcasts rank 0's
+        # before each evaluation), for every model chunk; only loading ranks ever read.
+        if self.place.tp_rank != 0:
+            return [_Length() for _ in paths]
+        if self._valid_sets is None:
+            args = self.args
+
+            def eval_iters(i: int) -> Callable[[], int]:
+                return lambda: int(args.eval_iters[i] if isinstance(args.eval_iters, (list, tuple)) else args.eval_iters)
+
+            self._valid_sets = [ZephonValidSet(self._held_out(p, eval_mbs), self.fmt, per_iteration, eval_iters=eval_iters(i),
+                                               name=p) for i, p in enumerate(paths)]
+        return list(self._valid_sets)
+
+
+_CURRENT: dict[str, Any] = {"args": None, "loader": None}
+
+
+def provide(args: Any, vp_stage: int | None = None) -> tuple[Any, Any, Any]:
+    """This rank's train and validation iterators (or Nones) for model chunk ``vp_stage``."""
+    if vp_stage in (None, 0) or _CURRENT["args"] is not args or _CURRENT["loader"] is None:
+        prepare(args)
+        _CURRENT["loader"] = RankLoader(args, Settings.from_args(args), Place.from_mpu(args))
+        _CURRENT["args"] = args
+    loader: RankLoader = _CURRENT["loader"]
+    return loader.train_for(vp_stage), loader.valid_for(vp_stage), None
 
 
 def train_valid_test_datasets_provider(train_val_test_num_samples: Any, vp_stage: int | None = None) -> tuple[Any, Any, Any]:
     """Megatron's dataset provider for Zephon (the sample counts are not needed: the stream is endless)."""
     from megatron.training import get_args
 
-    return provide(get_args())
+    return provide(get_args(), vp_stage)
 
 
 train_valid_test_datasets_provider.is_distributed = True  # type: ignore[attr-defined]

@@ -1,6 +1,6 @@
 """Installing the adapter into a Megatron-LM process.
 
-``install()`` does two things, both idempotent:
+``install()`` does these things, all idempotent:
 
 1. wraps Megatron's argument parsing so ``--dataloader-type zephon`` and the
    ``--zephon-*`` / ``--dataloader-save`` flags are accepted by every parse,
@@ -8,7 +8,21 @@
 2. wraps ``megatron.training.pretrain`` so that, when Zephon is selected, the
    dataset provider the training script passes (its own GPT datasets) is
    replaced by Zephon's, ``zephon`` is mapped to ``external`` and the start-up
-   checks run on every rank before any model is built.
+   checks run on every rank before any model is built;
+3. when Zephon is selected, two of Megatron's training-loop helpers behave
+   as Zephon needs them to (both only change what megatron-core 0.19 gets
+   wrong for an external loader):
+
+   * ``checkpointing.maybe_save_dataloader_state`` is handed one model chunk's
+     iterator instead of the list of them that virtual pipeline parallelism
+     passes (the stock function reads ``.iterable`` of the list and fails); all
+     chunks of a rank share one stream, so any chunk's state is the rank's;
+   * ``training.dummy_train_step`` (``--iterations-to-skip``) reads the skipped
+     step's micro-batches on every chunk's iterator and drops them. The stock
+     one also broadcasts them to tensor-parallel peers with fixed-shape receive
+     buffers (which can wait forever for an attention mask Zephon does not
+     send), calls ``next`` on a list of chunk iterators with virtual pipelines,
+     and on None on middle pipeline stages; no rank needs a skipped step's data.
 
 Call it before the training script imports ``pretrain`` by name (``from
 megatron.training import pretrain``): ``python -m zephon_megatron.launch``
@@ -65,12 +79,61 @@ def wrap_pretrain(original: Any) -> Any:
     return pretrain
 
 
+def _wrap_once(make: Any) -> Any:
+    """``make(original)`` builds the wrapper; wrapping a wrapper returns it unchanged."""
+
+    @functools.wraps(make)
+    def wrap(original: Any) -> Any:
+        if getattr(original, "_zephon_wrapped", False):
+            return original
+        wrapper = functools.wraps(original)(make(original))
+        wrapper._zephon_wrapped = True  # type: ignore[attr-defined]
+        return wrapper
+
+    return wrap
+
+
+@_wrap_once
+def wrap_save_dataloader_state(original: Any) -> Any:
+    """``maybe_save_dataloader_state`` that accepts the list of per-chunk iterators of virtual pipelines."""
+
+    def maybe_save_dataloader_state(train_iterator: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(train_iterator, list) and zephon_selected():
+            train_iterator = next((it for it in train_iterator if it is not None), None)
+        return original(train_iterator, *args, **kwargs)
+
+    return maybe_save_dataloader_state
+
+
+@_wrap_once
+def wrap_dummy_train_step(original: Any) -> Any:
+    """``dummy_train_step`` that consumes a skipped step's micro-batches on every chunk and sends nothing."""
+
+    def dummy_train_step(data_iterator: Any) -> None:
+        if not zephon_selected():
+            return original(data_iterator)
+        from megatron.core.num_microbatches_calculator import get_num_microbatches
+        from megatron.core.rerun_state_machine import get_rerun_state_machine
+
+        from zephon_megatron.iterators import skip_step
+
+        rerun = get_rerun_state_machine()
+        while rerun.should_run_forward_backward(data_iterator):
+            skip_step(data_iterator, get_num_microbatches())
+        return None
+
+    return dummy_train_step
+
+
 def install() -> None:
     """Make this process's Megatron accept and use ``--dataloader-type zephon``."""
     install_arguments()
     import megatron.training as mt
+    import megatron.training.checkpointing as mck
     import megatron.training.training as mtt
 
     wrapped = wrap_pretrain(mtt.pretrain)
     mtt.pretrain = wrapped
     mt.pretrain = wrapped
+    mck.maybe_save_dataloader_state = wrap_save_dataloader_state(mck.maybe_save_dataloader_state)
+    mtt.dummy_train_step = wrap_dummy_train_step(mtt.dummy_train_step)

@@ -9,7 +9,10 @@ brings its own ``forward_step`` / ``get_batch`` / ``loss_func`` and builds the
 model from the arguments (``gpt_config_from_args``). ``--dataloader-type``
 defaults to ``zephon`` here. ``get_batch`` moves each micro-batch from
 tensor-parallel rank 0 to its peers with the adapter's own broadcast, which
-works on gloo (CPU) and NCCL (GPU) alike.
+works on gloo (CPU) and NCCL (GPU) alike, then keeps this context-parallel
+rank's slice with Megatron's ``get_batch_on_this_cp_rank`` (what Megatron's
+``pretrain_gpt.py`` does); with virtual pipelines only the model chunks that
+hold the embedding or the loss read.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ _AUDIT: dict[str, Any] = {"log": None, "opened": False}
 
 def _audit_log() -> Any:
     if not _AUDIT["opened"]:
-        from zephon_megatron.loader import open_batch_log
+        from zephon_megatron.iterators import open_batch_log
 
         _AUDIT["log"] = open_batch_log()
         _AUDIT["opened"] = True
@@ -41,15 +44,34 @@ def _model_device() -> Any:
     return torch.device("cpu")
 
 
-def get_batch(data_iterator: Any) -> dict[str, Any]:
-    """This rank's micro-batch: read on tensor-parallel rank 0, broadcast to its peers."""
+def reads_data(vp_stage: int | None) -> bool:
+    """Whether this model chunk needs micro-batches: the first chunk of the first stage, the last of the last."""
+    from megatron.core import mpu
+
+    ignore_virtual = vp_stage is None
+    return (mpu.is_pipeline_first_stage(ignore_virtual=ignore_virtual, vp_stage=vp_stage)
+            or mpu.is_pipeline_last_stage(ignore_virtual=ignore_virtual, vp_stage=vp_stage))
+
+
+def this_cp_rank_slice(batch: dict[str, Any]) -> dict[str, Any]:
+    """Megatron's own split of a micro-batch along the sequence for this context-parallel rank (per-sequence zigzag)."""
+    import inspect
+
+    from megatron.core import mpu
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    wanted = dict(is_hybrid_cp=False, cp_group=mpu.get_context_parallel_group(), use_per_sequence_balancing=True)
+    params = inspect.signature(get_batch_on_this_cp_rank).parameters
+    return get_batch_on_this_cp_rank(batch, **{k: v for k, v in wanted.items() if k in params})
+
+
+def get_batch(data_iterator: Any, vp_stage: int | None = None) -> dict[str, Any]:
+    """This rank's micro-batch: read on tensor-parallel rank 0, broadcast to its peers, cut to this CP rank's slice."""
     from megatron.core import mpu
 
     from zephon_megatron.broadcast import broadcast_microbatch
 
-    first = mpu.is_pipeline_first_stage(ignore_virtual=True)
-    last = mpu.is_pipeline_last_stage(ignore_virtual=True)
-    if not (first or last):
+    if not reads_data(vp_stage):
         return {k: None for k in _KEYS}
     tp_rank = mpu.get_tensor_model_parallel_rank()
     batch = next(data_iterator) if tp_rank == 0 else None
@@ -61,7 +83,19 @@ def get_batch(data_iterator: Any) -> dict[str, Any]:
             log.write(batch.meta.line() + "\n")
     assert batch is not None
     device = _model_device()
-    return {k: (v.to(device, non_blocking=True) if v is not None else None) for k, v in dict.items(batch)}
+    out = {k: (v.to(device, non_blocking=True) if v is not None else None) for k, v in dict.items(batch)}
+    if mpu.get_context_parallel_world_size() > 1:
+        out = this_cp_rank_slice(out)
+    return out
+
+
+def _vp_stage(model: Any) -> int | None:
+    from megatron.core.utils import get_attr_wrapped_model
+
+    try:
+        return get_attr_wrapped_model(model, "vp_stage")
+    except (RuntimeError, AttributeError):  # a model without virtual pipeline stages
+        return None
 
 
 def loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, Any, dict[str, Any]]:
@@ -82,7 +116,7 @@ def forward_step(data_iterator: Any, model: Any, return_schedule_plan: bool = Fa
 
     timers = get_timers()
     timers("batch-generator", log_level=2).start()
-    batch = get_batch(data_iterator)
+    batch = get_batch(data_iterator, _vp_stage(model))
     timers("batch-generator").stop()
     output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])

@@ -1,9 +1,10 @@
 """The loader state in Megatron's per-iteration data-loader checkpoint files.
 
 Megatron's ``maybe_save_dataloader_state`` asks the training iterator for
-``save_state()`` on tensor-parallel rank 0 of the first pipeline stage, once
-per data-parallel rank, and writes ``torch.save({"dataloader_state_dict": X})``
-to::
+``save_state()`` on tensor-parallel rank 0 of the first pipeline stage (every
+context-parallel rank of it; all but context-parallel rank 0 answer None, and
+Megatron writes nothing for them), so once per data-parallel rank, and writes
+``torch.save({"dataloader_state_dict": X})`` to::
 
     <--dataloader-save>/iter_<7 digits>/mp_rank_00[_000]/train_dataloader_dprank<3 digits>.pt
 
@@ -43,7 +44,7 @@ class LoaderState:
 
     path: str
     iteration: int  # optimizer steps completed when it was saved
-    batches_per_step: int  # GBS / MBS of the run that saved it
+    batches_per_step: int  # micro-batches (GBS / MBS) of the step after ``iteration`` in the run that saved it
     state: dict[str, Any]  # the merged Zephon state (JSON data)
 
     @property
@@ -146,12 +147,16 @@ def find_state_file(dataloader_save: str, iteration: int, dp_rank: int, *, pipel
 
 
 def load_for_iteration(dataloader_save: str | None, iteration: int, dp_rank: int, *, batches_per_step: int,
-                       pipeline_parallel: bool) -> LoaderState:
+                       pipeline_parallel: bool, delivered: int | None = None,
+                       consumed_samples: int | None = None) -> LoaderState:
     """The loader state saved at exactly ``iteration``, or a ``ZephonMegatronError`` saying why not.
 
     ``iteration`` is the model checkpoint's (``args.iteration``): states saved
     later (for instance by a save whose model checkpoint never completed) are
-    ignored.
+    ignored. ``batches_per_step`` is this run's number of micro-batches in the
+    step after ``iteration``; ``delivered`` the micro-batches the model
+    checkpoint has consumed (``consumed_train_samples / micro batch``; default
+    ``iteration x batches_per_step``, a constant batch size).
     """
     if not dataloader_save:
         raise ZephonMegatronError(
@@ -175,14 +180,16 @@ def load_for_iteration(dataloader_save: str | None, iteration: int, dp_rank: int
         )
     if st.batches_per_step != batches_per_step:
         raise ZephonMegatronError(
-            f"zephon: {path} was saved by a run consuming {st.batches_per_step} micro-batches per step (GBS / MBS), this run "
-            f"consumes {batches_per_step}; keep --global-batch-size / --micro-batch-size as in the saved run"
+            f"zephon: {path} was saved by a run whose next step consumes {st.batches_per_step} micro-batches (global batch / "
+            f"micro batch), this run's consumes {batches_per_step}; keep --global-batch-size (or the batch-size schedule) "
+            "and --micro-batch-size as in the saved run"
         )
-    want = iteration * batches_per_step
+    want = iteration * batches_per_step if delivered is None else delivered
     if st.delivered != want:
+        how = (f"iteration {iteration} x {batches_per_step} micro-batches per step" if consumed_samples is None else
+               f"the model checkpoint's {consumed_samples} consumed samples / micro batch")
         raise ZephonMegatronError(
-            f"zephon: {path} holds {st.delivered} delivered micro-batches, but iteration {iteration} x {batches_per_step} "
-            f"micro-batches per step = {want}; the file does not belong to this checkpoint (saved at another iteration, or "
-            "altered)"
+            f"zephon: {path} holds {st.delivered} delivered micro-batches, but {how} = {want}; the file does not belong to "
+            "this checkpoint (saved at another iteration, or altered)"
         )
     return st

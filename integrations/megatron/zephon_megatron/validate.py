@@ -25,22 +25,28 @@ class RunShape:
     dp: int  # data-parallel size (without context parallelism)
     micro_batch_size: int
     global_batch_size: int
-    num_microbatches: int  # per data-parallel rank and optimizer step
+    num_microbatches: int  # per data-parallel rank and optimizer step (of the first step when the batch ramps)
     canonical_replicas: int | None  # None: not known yet (checked later)
     tp: int = 1
     pp: int = 1
     cp: int = 1
     virtual_pp: int | None = None
-    rampup_batch_size: Any = None
+    # The global-batch schedule as runs of equal steps (first, last, global batch); empty: constant.
+    batch_steps: tuple[tuple[int, int, int], ...] = ()
+    schedule_flag: str = "--global-batch-size"
+    hybrid_cp: bool = False
     eval_iters: int = 0
-    valid_recipe: str | None = None
+    eval_interval: int | None = 1000
+    valid_recipes: tuple[str, ...] = ()
+    endless_valid_recipes: tuple[str, ...] = ()  # held-out recipes that never end (exhausted != "stop")
+    full_validation: bool = False
+    multiple_validation_sets: bool = False
     aggregate_dir: str | None = None
     run_id: str | None = None
     create_attention_mask: bool = True
     reset_attention_mask: bool = False
     inter_document_masking: bool = False
     sft: bool = False
-    full_validation: bool = False
     save: str | None = None
     dataloader_save: str | None = None
     # True when the training script's own get_batch broadcasts with Megatron's
@@ -50,16 +56,17 @@ class RunShape:
 
     @property
     def batches_per_step(self) -> int:
-        """Micro-batches one optimizer step consumes over all data-parallel ranks (GBS / MBS)."""
+        """Micro-batches one optimizer step consumes over all data-parallel ranks (GBS / MBS; the first step's)."""
         return self.num_microbatches * self.dp
 
     @classmethod
     def from_args(cls, args: Any, *, canonical_replicas: int | None, num_microbatches: int | None = None,
-                  valid_recipe: str | None = None, aggregate_dir: str | None = None, run_id: str | None = None,
-                  megatron_broadcast: bool = True) -> RunShape:
+                  batch_steps: tuple[tuple[int, int, int], ...] = (), valid_recipes: tuple[str, ...] = (),
+                  endless_valid_recipes: tuple[str, ...] = (), aggregate_dir: str | None = None,
+                  run_id: str | None = None, megatron_broadcast: bool = True) -> RunShape:
         dp = int(args.data_parallel_size)
         mbs = int(args.micro_batch_size)
-        gbs = int(args.global_batch_size)
+        gbs = int(batch_steps[0][2]) if batch_steps else int(args.global_batch_size)
         nmb = num_microbatches if num_microbatches is not None else max(1, gbs // max(1, mbs * dp))
         return cls(
             dp=dp,
@@ -71,20 +78,33 @@ class RunShape:
             pp=int(getattr(args, "pipeline_model_parallel_size", 1) or 1),
             cp=int(getattr(args, "context_parallel_size", 1) or 1),
             virtual_pp=getattr(args, "virtual_pipeline_model_parallel_size", None),
-            rampup_batch_size=getattr(args, "rampup_batch_size", None),
+            batch_steps=batch_steps if len(batch_steps) > 1 else (),
+            schedule_flag=_schedule_flag(args),
+            hybrid_cp=bool(getattr(args, "hybrid_context_parallel", False)),
             eval_iters=_eval_iters(args),
-            valid_recipe=valid_recipe,
+            eval_interval=getattr(args, "eval_interval", 1000),
+            valid_recipes=valid_recipes,
+            endless_valid_recipes=endless_valid_recipes,
+            full_validation=bool(getattr(args, "full_validation", False)),
+            multiple_validation_sets=bool(getattr(args, "multiple_validation_sets", False)),
             aggregate_dir=aggregate_dir,
             run_id=run_id,
             create_attention_mask=bool(getattr(args, "create_attention_mask_in_dataloader", True)),
             reset_attention_mask=bool(getattr(args, "reset_attention_mask", False)),
             inter_document_masking=bool(getattr(args, "dataloader_inter_document_masking", False)),
             sft=bool(getattr(args, "sft", False)),
-            full_validation=bool(getattr(args, "full_validation", False)),
             save=getattr(args, "save", None),
             dataloader_save=getattr(args, "dataloader_save", None),
             megatron_broadcast=megatron_broadcast,
         )
+
+
+def _schedule_flag(args: Any) -> str:
+    if getattr(args, "step_batch_size_schedule", None):
+        return "--step-batch-size-schedule"
+    if getattr(args, "rampup_batch_size", None):
+        return "--rampup-batch-size"
+    return "--global-batch-size"
 
 
 def _eval_iters(args: Any) -> int:
@@ -94,48 +114,84 @@ def _eval_iters(args: Any) -> int:
     return int(value)
 
 
-def terms(s: RunShape) -> Terms:
-    """Megatron's names for what the core's topology rules talk about."""
+def _where(steps: tuple[int, int]) -> str:
+    return f"step {steps[0]}" if steps[0] == steps[1] else f"steps {steps[0]}-{steps[1]}"
+
+
+def terms(s: RunShape, steps: tuple[int, int] | None = None) -> Terms:
+    """Megatron's names for what the core's topology rules talk about (``steps``: the steps of a schedule concerned)."""
+    mbs = s.micro_batch_size
+
+    def step(n: int) -> str:
+        if steps is None:
+            return (f"num_microbatches x DP = {s.num_microbatches} x {s.dp} = {n} micro-batches (global batch "
+                    f"{s.global_batch_size} / micro batch {mbs})")
+        return f"at {_where(steps)} of the {s.schedule_flag} schedule {n} micro-batches (global batch {n * mbs} / micro batch {mbs})"
+
+    def step_fix(C: int, n: int) -> str:
+        if steps is None:
+            return f"set --global-batch-size to a multiple of {C * mbs} (e.g. {next_multiple(n, C) * mbs})"
+        return (f"make every global batch of {s.schedule_flag} a multiple of {C * mbs} "
+                f"(e.g. {next_multiple(n, C) * mbs} at {_where(steps)})")
+
     return Terms(
         dp="data-parallel size",
         canonical_replicas="--zephon-canonical-replicas",
         aggregate_dir="--zephon-aggregate-dir",
         run_id="--zephon-run-id",
-        step=lambda n: (f"num_microbatches x DP = {s.num_microbatches} x {s.dp} = {n} micro-batches (global batch "
-                        f"{s.global_batch_size} / micro batch {s.micro_batch_size})"),
-        step_fix=lambda C, n: (f"set --global-batch-size to a multiple of {C * s.micro_batch_size} "
-                               f"(e.g. {next_multiple(n, C) * s.micro_batch_size})"),
+        step=step,
+        step_fix=step_fix,
     )
+
+
+def _topology(s: RunShape) -> list[str]:
+    """The core's elastic rules, applied to every step size of the schedule; the first bad step is named."""
+    C, mbs = s.canonical_replicas, s.micro_batch_size
+    for first, last, gbs in s.batch_steps:
+        if gbs % mbs:
+            return [f"{s.schedule_flag} gives a global batch of {gbs} at {_where((first, last))}, not a multiple of "
+                    f"--micro-batch-size {mbs}; make every global batch of the schedule a multiple of {mbs * (C or 1)}"]
+    # The first step whose size breaks the rule, else the first step: the other rules do not depend on the size.
+    first, last, gbs = next((seg for seg in s.batch_steps if C and (seg[2] // mbs) % C),
+                            s.batch_steps[0] if s.batch_steps else (0, 0, s.batches_per_step * mbs))
+    topology = Topology(s.dp, C, gbs // mbs, s.dp, s.aggregate_dir, s.run_id)
+    return topology_problems(topology, terms(s, (first, last) if s.batch_steps else None))
+
+
+def _evaluation(s: RunShape) -> list[str]:
+    out = []
+    if s.eval_iters > 0 and s.eval_interval is None:
+        out.append(f"--eval-iters={s.eval_iters} needs --eval-interval N (steps between evaluations; megatron-core has no default)")
+    if (s.eval_iters > 0 or s.full_validation) and not s.valid_recipes:
+        what = "--full-validation" if s.full_validation else f"--eval-iters={s.eval_iters} batches per evaluation"
+        out.append(f"Megatron will evaluate ({what}), but no held-out data is given; pass --zephon-valid-recipe "
+                   "<held-out recipe .toml>, or --eval-iters 0")
+    if len(s.valid_recipes) > 1 and not (s.multiple_validation_sets and s.full_validation):
+        out.append(
+            f"{len(s.valid_recipes)} held-out recipes are given, one validation set each: megatron-core evaluates several "
+            "validation sets only with --multiple-validation-sets --full-validation (each evaluation then reads every "
+            "set to its end); add both flags, or pass one --zephon-valid-recipe"
+        )
+    elif s.multiple_validation_sets and not s.full_validation:
+        out.append("--multiple-validation-sets needs --full-validation in megatron-core (it raises NotImplementedError "
+                   "otherwise); add --full-validation")
+    if s.full_validation and s.endless_valid_recipes:
+        out.append(f"--full-validation reads each held-out recipe to its end, but {', '.join(s.endless_valid_recipes)} "
+                   "never ends; set exhausted = \"stop\" in it (a held-out recipe is one pass over its data)")
+    return out
 
 
 def problems(s: RunShape) -> list[str]:
     """Everything wrong with ``s``, one sentence each; empty when the run is fine."""
-    topology = Topology(s.dp, s.canonical_replicas, s.batches_per_step, s.dp, s.aggregate_dir, s.run_id)
-    out = topology_problems(topology, terms(s))
-    if s.rampup_batch_size:
+    out = _topology(s)
+    if s.hybrid_cp:
         out.append(
-            "--rampup-batch-size changes the number of micro-batches per step during the run, so steps cannot keep the same "
-            "samples; remove it (use a constant --global-batch-size)"
+            "--hybrid-context-parallel regroups sequences per micro-batch (local_cp_size); Zephon serves fixed-length packed "
+            "rows: remove it (plain --context-parallel-size is supported)"
         )
-    if s.virtual_pp is not None and s.virtual_pp > 1:
-        out.append(
-            "virtual pipeline parallelism is not supported (Megatron then keeps one data iterator per virtual stage and cannot "
-            "save their state); remove --num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank"
-        )
-    if s.cp > 1:
-        out.append(
-            f"--context-parallel-size {s.cp} is not supported yet (context-parallel peers would each save the loader state); "
-            "use --context-parallel-size 1"
-        )
-    if s.eval_iters > 0 and not s.valid_recipe:
-        out.append(
-            f"Megatron will evaluate --eval-iters={s.eval_iters} batches per evaluation, but no held-out data is given; pass "
-            "--zephon-valid-recipe <held-out recipe .toml>, or --eval-iters 0"
-        )
+    out += _evaluation(s)
     if s.sft:
         out.append("--sft uses Megatron's SFT datasets and their batch format; Zephon serves pretraining batches only")
-    if s.full_validation:
-        out.append("--full-validation needs a validation set of known length; use --eval-iters with --zephon-valid-recipe")
     if s.reset_attention_mask and not s.create_attention_mask:
         out.append(
             "--reset-attention-mask needs the per-document attention mask from the loader, but "

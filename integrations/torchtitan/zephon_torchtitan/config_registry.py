@@ -8,14 +8,12 @@ job runs on ``ZephonTrainer``, which hands the loader the batch sizes.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from torchtitan.models.llama3.config_registry import llama3_debugmodel
 from torchtitan.trainer import Trainer
 
+from zephon_core.integration import bundled_configs
 from zephon_torchtitan.tt03 import ZephonDataLoader, ZephonTrainer
-
-_CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "data"
 
 
 def on_zephon_trainer(cfg: Trainer.Config) -> ZephonTrainer.Config:
@@ -24,10 +22,18 @@ def on_zephon_trainer(cfg: Trainer.Config) -> ZephonTrainer.Config:
 
 
 def llama3_debugmodel_zephon() -> ZephonTrainer.Config:
-    """llama3's debug model trained on the bundled corpus through Zephon."""
+    """llama3's debug model trained on the bundled corpus and tokenizer through Zephon.
+
+    Sized for the bundled recipe (``configs/data/tt_train.toml``, 4 lanes): rows of
+    128 tokens, 2 per batch, 8 per optimizer step, so every step consumes 4
+    batches on any data-parallel degree dividing 4 (1, 2 or 4 ranks).
+    """
+    configs = bundled_configs()
     cfg = on_zephon_trainer(llama3_debugmodel())
-    cfg.dataloader = ZephonDataLoader.Config(recipe=str(_CONFIGS / "tt_train.toml"))
+    cfg.hf_assets_path = str(configs / "corpus")
+    cfg.training = dataclasses.replace(cfg.training, local_batch_size=2, global_batch_size=8, seq_len=128)
+    cfg.dataloader = ZephonDataLoader.Config(recipe=str(configs / "data" / "tt_train.toml"))
     cfg.validator = dataclasses.replace(
-        cfg.validator, dataloader=ZephonDataLoader.Config(recipe=str(_CONFIGS / "tt_heldout.toml"), infinite=False)
+        cfg.validator, dataloader=ZephonDataLoader.Config(recipe=str(configs / "data" / "tt_heldout.toml"), infinite=False)
     )
     return cfg

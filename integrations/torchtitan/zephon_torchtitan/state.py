@@ -7,6 +7,8 @@ needed and nothing is unpickled.
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from typing import Any
 
 from zephon_core.integration import IntegrationError
@@ -22,7 +24,7 @@ def read_dcp_state(folder: str) -> dict[str, Any]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     if not os.path.exists(os.path.join(folder, ".metadata")):
-        raise IntegrationError(f"{folder}: not a DCP checkpoint folder (no .metadata); pass .../checkpoint/step-N")
+        raise IntegrationError(f"{folder}: not a DCP checkpoint folder (no .metadata); {_which_folder(folder)}")
     reader = dcp.FileSystemReader(folder)
     meta = reader.read_metadata().state_dict_metadata.get(DCP_KEY)
     if meta is None:
@@ -30,5 +32,18 @@ def read_dcp_state(folder: str) -> dict[str, Any]:
     if not isinstance(meta, TensorStorageMetadata):
         raise IntegrationError(f"{folder}: {DCP_KEY} is not a tensor; refusing to unpickle it")
     slot = {DCP_KEY: torch.zeros(meta.size, dtype=meta.properties.dtype)}
-    dcp.load(slot, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(slot, storage_reader=reader, no_dist=True)
     return decode_state(slot[DCP_KEY])
+
+
+def _which_folder(folder: str) -> str:
+    """What to pass instead: the step-N checkpoints under ``folder`` (TorchTitan's dump folder or its checkpoint/), if any."""
+    for parent in (folder, os.path.join(folder, "checkpoint")):
+        steps = sorted((int(m[1]), name) for name in (os.listdir(parent) if os.path.isdir(parent) else [])
+                       if (m := re.fullmatch(r"step-(\d+)", name)) and os.path.exists(os.path.join(parent, name, ".metadata")))
+        if steps:
+            names = ", ".join(name for _, name in steps)
+            return f"it holds the checkpoints {names}: pass one of them, e.g. {os.path.join(parent, steps[-1][1])}"
+    return "pass a checkpoint folder, .../checkpoint/step-N"

@@ -68,6 +68,8 @@ C = 4  # lanes in the test recipes: GBS / MBS = 4 micro-batches per step, one pe
 
 _LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: ([-+0-9.eEnaif]+) \|")
 _VALID_RE = re.compile(r"validation loss at (.*?) \| lm loss value: ([-+0-9.eEnaif]+) \|")
+_VALID_SET_RE = re.compile(r"validation-(\S+) loss at (.*?) \| lm loss value: ([-+0-9.eEnaif]+) \|")
+_GBS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\| global batch size:\s+(\d+) \|")
 
 
 def python_exe() -> str:
@@ -104,6 +106,16 @@ class RunResult:
         """'iteration 3' -> lm loss of that evaluation."""
         return {m.group(1).strip(): float(m.group(2)) for m in _VALID_RE.finditer(self.text)}
 
+    @property
+    def validation_sets(self) -> dict[tuple[str, str], float]:
+        """('set name', 'iteration 3') -> lm loss of that set at that evaluation (--multiple-validation-sets)."""
+        return {(m.group(1), m.group(2).strip()): float(m.group(3)) for m in _VALID_SET_RE.finditer(self.text)}
+
+    @property
+    def global_batches(self) -> dict[int, int]:
+        """iteration -> the global batch size Megatron logged for it."""
+        return {int(m.group(1)): int(m.group(2)) for m in _GBS_RE.finditer(self.text)}
+
     def batch_log(self) -> dict[int, list[tuple[int, int, str]]]:
         """Per global rank, in order: (lane, lane_index, digest) of every micro-batch it trained on."""
         out: dict[int, list[tuple[int, int, str]]] = {}
@@ -117,15 +129,53 @@ class RunResult:
             out[rank] = rows
         return out
 
-    def steps(self, batches_per_step: int = GBS // MBS, canonical_replicas: int = C) -> dict[int, dict[tuple[int, int], str]]:
-        """Global step (from 1) -> {(lane, lane_index): digest}: comparable across topologies."""
-        per_lane = batches_per_step // canonical_replicas
+    def steps(self, batches_per_step: int = GBS // MBS, canonical_replicas: int = C,
+              schedule: list[int] | None = None) -> dict[int, dict[tuple[int, int], str]]:
+        """Global step (from 1) -> {(lane, lane_index): digest}: comparable across topologies.
+
+        ``schedule``: micro-batches of every step from step 1, for a run whose batch size changes.
+        """
+        step_of = lane_index_to_step(schedule or [batches_per_step], canonical_replicas)
         steps: dict[int, dict[tuple[int, int], str]] = defaultdict(dict)
         for rows in self.batch_log().values():
             for lane, idx, digest in rows:
-                prev = steps[idx // per_lane + 1].setdefault((lane, idx), digest)
+                prev = steps[step_of(idx)].setdefault((lane, idx), digest)
                 assert prev == digest, f"{self.run_dir}: two ranks trained on different batches as lane {lane} batch {idx}"
         return dict(steps)
+
+
+def lane_index_to_step(batches_per_step: list[int], canonical_replicas: int = C):
+    """lane_index -> global step (from 1): step k holds batches_per_step[k-1] / C batches of every lane (the last size repeats)."""
+    import bisect
+
+    ends: list[int] = []
+    for n in batches_per_step:
+        ends.append((ends[-1] if ends else 0) + n // canonical_replicas)
+    last = batches_per_step[-1] // canonical_replicas
+
+    def step_of(idx: int) -> int:
+        if idx < ends[-1]:
+            return bisect.bisect_right(ends, idx) + 1
+        return len(ends) + (idx - ends[-1]) // last + 1
+
+    return step_of
+
+
+def reference_steps(recipe: Path, batches_per_step: list[int], canonical_replicas: int = C) -> dict[int, dict[tuple[int, int], str]]:
+    """What every step must hold, computed here from a pretokenized recipe alone (one process, one pipeline)."""
+    from zephon_core.recipe import load_recipe
+
+    step_of = lane_index_to_step(batches_per_step, canonical_replicas)
+    pipeline = load_recipe(recipe).build(seq_len=SEQ, batch_size=MBS, dp_degree=1, dp_group_id=0,
+                                         canonical_replicas=canonical_replicas)
+    want = sum(batches_per_step)
+    steps: dict[int, dict[tuple[int, int], str]] = defaultdict(dict)
+    try:
+        for _, b in zip(range(want), pipeline):
+            steps[step_of(b.lane_index)][(b.lane, b.lane_index)] = b.digest
+    finally:
+        pipeline.close()
+    return dict(steps)
 
 
 def parse_losses(text: str) -> dict[int, float]:
@@ -180,21 +230,35 @@ def launch(entry_args: list[str], *, nproc: int, run_dir: Path, env: dict[str, s
             timed_out = True
             os.killpg(proc.pid, signal.SIGKILL)
             rc = proc.wait()
+        except BaseException:  # Ctrl-C or a test's own timeout: never leave the ranks running
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
     wall = time.monotonic() - start
     timed_out = timed_out or rc in (124, 137)
     return RunResult(rc, wall, run_dir, log_path, timed_out, log_path.read_text(errors="replace"))
 
 
-def tiny_gpt_flags(*, tp: int = 1, pp: int = 1, train_iters: int = 6, seed: int = 1234) -> list[str]:
-    """Megatron flags for a tiny GPT (2 layers, hidden 64) over the bundled BPE's vocabulary."""
+def tiny_gpt_flags(*, tp: int = 1, pp: int = 1, train_iters: int | None = 6, seed: int = 1234, cp: int = 1, layers: int = 2,
+                   layers_per_virtual_stage: int | None = None, gbs: int | None = GBS) -> list[str]:
+    """Megatron flags for a tiny GPT (2 layers, hidden 64) over the bundled BPE's vocabulary.
+
+    ``gbs`` None leaves ``--global-batch-size`` out (``--step-batch-size-schedule`` excludes it),
+    ``train_iters`` None ``--train-iters`` (for a run sized with ``--train-samples``).
+    """
+    sizes = ["--global-batch-size", str(gbs)] if gbs is not None else []
+    if train_iters is not None:
+        sizes += ["--train-iters", str(train_iters)]
+    if cp > 1:
+        sizes += ["--context-parallel-size", str(cp)]
+    if layers_per_virtual_stage is not None:
+        sizes += ["--num-layers-per-virtual-pipeline-stage", str(layers_per_virtual_stage)]
     return [
         *CPU_FLAGS,
         "--tensor-model-parallel-size", str(tp),
         "--pipeline-model-parallel-size", str(pp),
-        "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--num-layers", str(layers), "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", str(SEQ), "--max-position-embeddings", str(SEQ),
-        "--micro-batch-size", str(MBS), "--global-batch-size", str(GBS),
-        "--train-iters", str(train_iters),
+        "--micro-batch-size", str(MBS), *sizes,
         "--lr", "1e-3", "--min-lr", "1e-3", "--lr-decay-style", "constant",
         "--seed", str(seed),
         "--use-cpu-initialization",
@@ -214,13 +278,17 @@ class Zrun:
     recipe: Path
     tp: int = 1
     pp: int = 1
-    train_iters: int = 6
+    cp: int = 1
+    layers: int = 2
+    layers_per_virtual_stage: int | None = None
+    gbs: int | None = GBS  # None: the batch size comes from a schedule in ``extra``
+    train_iters: int | None = 6  # None: ``--train-samples`` in ``extra``
     save_interval: int | None = None
     load: Path | None = None  # a checkpoint folder ...
     load_step: int | None = None  # ... and the iteration to resume from
     loader_states_from: Path | None = None  # copied into this run's --dataloader-save first
     aggregate_dir: Path | None = None
-    valid_recipe: Path | None = None
+    valid_recipe: Path | list[Path] | None = None
     eval_interval: int = 1000
     eval_iters: int = 0
     extra: list[str] = field(default_factory=list)
@@ -235,12 +303,14 @@ def run(workdir: Path, name: str, z: Zrun, *, timeout: float = 300.0) -> RunResu
     dls = run_dir / "loader"
     if z.loader_states_from is not None:
         shutil.copytree(z.loader_states_from, dls)
-    args = tiny_gpt_flags(tp=z.tp, pp=z.pp, train_iters=z.train_iters)
+    args = tiny_gpt_flags(tp=z.tp, pp=z.pp, train_iters=z.train_iters, cp=z.cp, layers=z.layers,
+                          layers_per_virtual_stage=z.layers_per_virtual_stage, gbs=z.gbs)
     args += ["--zephon-recipe", str(z.recipe), "--dataloader-save", str(dls),
              "--zephon-aggregate-dir", str(z.aggregate_dir or (Path(workdir) / "aggregate")), "--zephon-run-id", "e2e",
              "--eval-iters", str(z.eval_iters), "--eval-interval", str(z.eval_interval)]
     if z.valid_recipe is not None:
-        args += ["--zephon-valid-recipe", str(z.valid_recipe)]
+        recipes = z.valid_recipe if isinstance(z.valid_recipe, list) else [z.valid_recipe]
+        args += ["--zephon-valid-recipe", *map(str, recipes)]
     if z.no_attention_mask_flag:
         args.append("--no-create-attention-mask-in-dataloader")
     if z.save_interval is not None:
@@ -267,7 +337,9 @@ def model_tensors(ckpt: Path, iteration: int) -> dict[str, dict[str, object]]:
     out = {}
     for f in sorted((Path(ckpt) / f"iter_{iteration:07d}").glob("mp_rank_*/model_optim_rng.pt")):
         sd = torch.load(f, map_location="cpu", weights_only=False)  # our own test files (they hold an argparse Namespace)
-        out[f.parent.name] = {k: v for k, v in sd["model"].items() if isinstance(v, torch.Tensor)}
+        # One "model" entry, or "model0", "model1", ... per virtual pipeline chunk.
+        chunks = sorted(k for k in sd if k == "model" or (k.startswith("model") and k[5:].isdigit()))
+        out[f.parent.name] = {f"{c}/{k}": v for c in chunks for k, v in sd[c].items() if isinstance(v, torch.Tensor)}
     return out
 
 
@@ -318,6 +390,21 @@ def _write_indexed(prefix: Path, docs: list[list[int]], eod: int) -> None:
         arr = np.asarray(ids + [eod], dtype=np.int64)  # as preprocess_data.py --append-eod
         builder.add_document(arr, [len(arr)])
     builder.finalize(str(prefix) + ".idx")
+
+
+def make_heldout_sets(root: Path) -> list[Path]:
+    """Two held-out recipes over halves of the held-out corpus (one loss per set with --multiple-validation-sets)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    docs = _tokenize_corpus(CORPUS / "stdlib_docs_heldout.jsonl", 16)  # small: every evaluation reads both sets whole
+    out = []
+    for name, part in (("heldout_a", docs[: len(docs) // 2]), ("heldout_b", docs[len(docs) // 2 :])):
+        _write_indexed(root / f"{name}_text_document", part, VOCAB - 1)
+        (root / f"{name}.toml").write_text(
+            'seed = 1\nchunk_size = 4\nexhausted = "stop"\nshuffle_documents = false\n\n'
+            f'[[sources]]\npath = "{name}_text_document"\nformat = "megatron"\n')
+        out.append(root / f"{name}.toml")
+    return out
 
 
 def make_assets(root: Path) -> Assets:

@@ -23,7 +23,7 @@ from megatron.core import mpu
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.utils import get_batch_on_this_tp_rank
+from megatron.core.utils import get_attr_wrapped_model, get_batch_on_this_cp_rank, get_batch_on_this_tp_rank
 from megatron.training import get_args, pretrain
 from megatron.training.argument_utils import core_transformer_config_from_args, pretrain_cfg_container_from_args
 from megatron.training.arguments import parse_and_validate_args
@@ -59,10 +59,14 @@ def model_provider(pre_process=True, post_process=True, config=None, pg_collecti
     )
 
 
-def get_batch(data_iterator):
+def get_batch(data_iterator, vp_stage=None):
+    # As megatron-core 0.19's pretrain_gpt.py: only the model chunks holding the embedding or
+    # the loss read; tensor-parallel rank 0 reads and broadcasts; each context-parallel rank
+    # keeps its slice of the sequence.
     args = get_args()
-    first = mpu.is_pipeline_first_stage(ignore_virtual=True)
-    last = mpu.is_pipeline_last_stage(ignore_virtual=True)
+    ignore_virtual = vp_stage is None
+    first = mpu.is_pipeline_first_stage(ignore_virtual=ignore_virtual, vp_stage=vp_stage)
+    last = mpu.is_pipeline_last_stage(ignore_virtual=ignore_virtual, vp_stage=vp_stage)
     if not (first or last):
         return {k: None for k in _KEYS}
     tp_rank = mpu.get_tensor_model_parallel_rank()
@@ -70,7 +74,7 @@ def get_batch(data_iterator):
     if tp_rank == 0:
         raw = next(data_iterator)
         batch = {k: (raw[k].cuda(non_blocking=True) if raw.get(k) is not None else None) for k in _KEYS}
-    return get_batch_on_this_tp_rank(
+    batch = get_batch_on_this_tp_rank(
         batch,
         has_cu_seqlens=False,
         is_hybrid_cp=False,
@@ -83,9 +87,11 @@ def get_batch(data_iterator):
         seq_length=args.seq_length,
         mtp_on_this_rank=False,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        is_pipeline_first_stage=first,
-        is_pipeline_last_stage=last,
+        is_pipeline_first_stage=mpu.is_pipeline_first_stage(),
+        is_pipeline_last_stage=mpu.is_pipeline_last_stage(),
     )
+    batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=mpu.get_context_parallel_group())
+    return {k: batch.get(k) for k in _KEYS}
 
 
 def loss_func(loss_mask, output_tensor):
@@ -97,7 +103,7 @@ def loss_func(loss_mask, output_tensor):
 
 
 def forward_step(data_iterator, model, return_schedule_plan: bool = False):
-    batch = get_batch(data_iterator)
+    batch = get_batch(data_iterator, get_attr_wrapped_model(model, "vp_stage"))
     output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
 

@@ -14,9 +14,14 @@ exists on a CPU-only machine (with the CPU *or* the CUDA build of torch).
 * ``torch.cuda`` queries are stubbed (one fake device, no-op sync, dummy
   streams and events, zero memory statistics);
 * the CUDA RNG API and Megatron's RNG tracker helpers act on the CPU default
-  generator (so "GPU" dropout and CPU randomness share one stream);
+  generator (so "GPU" dropout and CPU randomness share one stream); the JIT
+  warm-up's random tensors (sized by TP and CP) do not move it, so the initial
+  weights do not depend on the parallel layout;
 * the dataset-helper compilation (``make`` on a Makefile the wheel does not
-  ship) is skipped: the wheel carries the prebuilt extension.
+  ship) is skipped: the wheel carries the prebuilt extension;
+* with ``--context-parallel-size > 1`` the local layer spec's core attention is
+  ``cp_attention.ContextParallelAttention`` (keys and values all-gathered over
+  the CP group), since megatron-core's local attention refuses CP.
 
 This is for tests only: it changes semantics (RNG streams, no overlap, no
 streams). Import it, call ``apply()`` before importing ``megatron``.
@@ -265,6 +270,7 @@ def _patch_megatron() -> None:
 
     mrandom._get_cuda_rng_state = _get_state
     mrandom._set_cuda_rng_state = _set_state
+    _keep_rng_through_jit_warmup()
     # Modules that imported the helpers by name keep a reference; rebind them.
     import sys
 
@@ -283,6 +289,24 @@ def _patch_megatron() -> None:
                 pass
 
 
+def _keep_rng_through_jit_warmup() -> None:
+    """The JIT warm-up draws random "CUDA" tensors sized by TP and CP; on a GPU they come from the
+    CUDA generator, here from the CPU one that also initialises the weights. Restoring the CPU state
+    after it keeps the initial weights the same whatever the TP or CP size, as on a GPU."""
+    import megatron.training.initialize as minit
+
+    original = minit._warmup_jit_function
+
+    def _warmup_jit_function(*args, **kwargs):
+        state = torch.get_rng_state()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            torch.set_rng_state(state)
+
+    minit._warmup_jit_function = _warmup_jit_function
+
+
 def apply() -> None:
     """Install the CPU shim in this process (idempotent)."""
     global _APPLIED, _MODE
@@ -296,4 +320,7 @@ def apply() -> None:
     _MODE = _CudaToCpuMode()
     _MODE.__enter__()  # stays active for the life of the process
     _patch_megatron()
+    import cp_attention  # next to this file (cpu_entry.py puts the folder on sys.path)
+
+    cp_attention.install()
     _APPLIED = True

@@ -170,6 +170,7 @@ def run_torchtitan(
     log_rank: int = 0,
     log_path: str | os.PathLike | None = None,
     check: bool = True,
+    cwd: str | os.PathLike | None = None,
 ) -> RunResult:
     """Run TorchTitan ``version`` on ``nproc`` CPU processes; return the parsed losses.
 
@@ -183,6 +184,7 @@ def run_torchtitan(
     cpu_defaults: prepend :func:`default_args` (set False to pass everything).
     log_rank:     the local rank whose console output is kept (PP: the last stage).
     check:        raise :class:`TorchTitanRunError` on a non-zero exit or a timeout.
+    cwd:          where the trainer runs (relative paths in job files resolve from it).
     """
     v = normalize_version(version)
     dump = Path(dump_folder).resolve()
@@ -228,10 +230,13 @@ def run_torchtitan(
     with open(log_file, "wb") as out:
         out.write(("# " + " ".join(cmd) + "\n").encode())
         out.flush()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=run_env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=run_env, start_new_session=True, cwd=cwd)
         try:
             rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except BaseException as e:  # a timeout, or Ctrl-C / a test's own timeout: never leave the ranks running
+            if not isinstance(e, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise
             timed_out = True
             for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
                 try:

@@ -129,3 +129,86 @@ def test_framework_checkpoints_are_read_by_registered_readers_not_by_importing_a
         load_state(str(folder), [])
     r = zephon("inspect", str(folder))  # the TorchTitan reader claims folders; this one is not a DCP checkpoint
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "not a DCP checkpoint folder" in r.stderr, r.stderr
+
+
+# -- training recipes, the run's shape, one-line errors (issue 14) -----------------------------
+TRAINING = [("tt_train", "torchtitan"), ("tt_heldout", "torchtitan"), ("mg_train", "megatron"), ("mg_heldout", "megatron")]
+
+
+@pytest.mark.parametrize("name,framework", TRAINING)
+def test_every_bundled_training_recipe_works_with_explain_trace_and_verify_elastic(name, framework):
+    recipe = str(ROOT / "configs" / "data" / f"{name}.toml")
+    shape = ["--framework", framework, "--tokenizer", str(ROOT / "configs" / "corpus"), "--seq-len", "64", "--batch-size", "2"]
+    assert zephon("explain", recipe, *shape).returncode == 0
+    r = zephon("trace", recipe, "--step", "1", "--canonical-replicas", "2", *shape)
+    assert r.returncode == 0 and "row 0:" in r.stdout, r.stderr
+    r = zephon("verify-elastic", recipe, "--canonical-replicas", "4", "--from", "4", "--to", "2", "--checkpoint-step", "1", "--steps", "2", *shape)
+    assert r.returncode == 0 and r.stdout.startswith("ok:"), r.stdout + r.stderr
+
+
+def test_training_recipe_tokenization_follows_the_framework():
+    """TorchTitan's adapter puts BOS and EOS around each document, Megatron's EOD only: the traces differ."""
+    recipe = str(ROOT / "configs" / "data" / "tt_train.toml")
+    shape = ["--tokenizer", str(ROOT / "configs" / "corpus"), "--seq-len", "64", "--batch-size", "2", "--step", "1"]
+    tt, mg = (zephon("trace", recipe, "--framework", f, *shape).stdout for f in ("torchtitan", "megatron"))
+    assert tt and mg and tt != mg
+
+
+@pytest.mark.parametrize("args,says", [
+    (["explain", "configs/data/tt_train.toml"], "is a training recipe (no [standalone]): pass --framework"),
+    (["explain", "configs/data/mg_train.toml", "--framework", "megatron"], "pass --tokenizer (the run's --tokenizer-model"),
+    (["explain", "configs/data/mg_train.toml", "--framework", "megatron", "--tokenizer", "configs/corpus"], "pass --seq-len (the run's --seq-length)"),
+    (["trace", "configs/data/tt_train.toml", "--step", "1", "--framework", "torchtitan", "--tokenizer", "no/such/dir"], "--tokenizer: no/such/dir: no such file"),
+    (["explain", "configs/data/tt_train.toml", "--framework", "torchtitan", "--tokenizer", "configs/data"], "is a folder without a tokenizer.json"),
+    (["explain", "configs/data/tt_train.toml", "--framework", "torchtitan", "--tokenizer", "configs/corpus/tokenizer_config.json"], "not a tokenizers tokenizer.json"),
+    (["explain", "configs/data/mg_indexed.toml", "--framework", "megatron", "--seq-len", "64", "--batch-size", "2"],
+     "sources[0].path: no Megatron indexed dataset at"),
+    (["explain", "no/such/recipe.toml"], "no/such/recipe.toml: cannot read recipe"),
+])
+def test_user_errors_are_one_line_naming_the_file_or_field_and_the_fix(args, says):
+    r = subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 1 and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_missing_standalone_tokenizer_names_the_field_and_the_file(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(DEMO.read_text().replace('"../corpus/', f'"{ROOT}/configs/corpus/').replace("tokenizer.json", "gone.json"))
+    r = zephon("explain", str(recipe))
+    assert r.returncode == 1 and "standalone.tokenizer" in r.stderr and "gone.json: no such file" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_debug_shows_the_traceback():
+    for args, env in ((["--debug", "explain", "no/such.toml"], {}), (["explain", "no/such.toml", "--debug"], {}), (["explain", "no/such.toml"], {"ZEPHON_DEBUG": "1"})):
+        r = subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", *args], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+        assert r.returncode == 1 and "Traceback" in r.stderr and "ConfigError" in r.stderr, (args, r.stderr)
+
+
+def test_a_missing_package_names_the_extra():
+    from zephon_core.tools.errors import one_line
+
+    assert one_line(ModuleNotFoundError("No module named 'tokenizers'", name="tokenizers")).endswith("pip install 'zephon-suite[tokenizers]'")
+    assert one_line(ModuleNotFoundError("x", name="pyarrow.parquet")).endswith("pip install 'zephon-suite[parquet]'")
+    assert one_line(FileNotFoundError(2, "No such file or directory", "/x/y")) == "/x/y: No such file or directory"
+
+
+def test_trace_shows_progress_on_request():
+    r = zephon("trace", str(DEMO), "--step", "2", "--progress")
+    assert r.returncode == 0 and "16/16" in r.stderr and "step 2" in r.stderr
+    assert zephon("trace", str(DEMO), "--step", "2").stderr == ""  # not a terminal: quiet
+
+
+def test_init_writes_the_bundled_configs_and_never_overwrites(tmp_path):
+    r = zephon("init", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "configs" / "data" / "demo.toml").read_bytes() == DEMO.read_bytes()
+    assert (tmp_path / "configs" / "corpus" / "tokenizer.json").is_file()
+    again = zephon("init", str(tmp_path))
+    assert again.returncode == 1 and "--force" in again.stderr
+    assert zephon("init", str(tmp_path), "--force").returncode == 0
+    r = subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", "explain", "configs/data/demo.toml"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr

@@ -164,6 +164,26 @@ def test_warns_when_lanes_do_not_divide_evenly(ws):
     _no_warnings(lambda: Pipeline(ws).options(dp_degree=3, dp_group_id=2))
 
 
+def test_uneven_lanes_warning_says_that_steps_change_after_a_resize(ws):
+    with pytest.warns(RuntimeWarning, match=r"steps after a resize differ; use a dp_degree among \[1, 2, 3, 6\]"):
+        Pipeline(ws).options(dp_degree=4, dp_group_id=0, canonical_replicas=6)
+
+
+def test_restore_runs_the_checks_of_a_fresh_build_with_the_adopted_lanes(ws):
+    """A C=8 state restored on dp_degree=3 with canonical_replicas unset adopts C=8: it warns as a build with C=8 would,
+    and refuses a dp_degree above the state's lanes as a build would."""
+    source = Pipeline(ws).pack(8).batch(2).options(canonical_replicas=8, prefetch=0)
+    with source:
+        next(iter(source))
+        state = source.checkpoint()
+    resumed = Pipeline(ws).pack(8).batch(2).options(dp_degree=3, dp_group_id=1, prefetch=0)  # no warning yet: C defaults to 3
+    with pytest.warns(RuntimeWarning, match=r"canonical_replicas=8 is not divisible by dp_degree=3"):
+        resumed.restore(state)
+    _no_warnings(lambda: Pipeline(ws).pack(8).batch(2).options(dp_degree=4, dp_group_id=1, prefetch=0).restore(state))
+    with pytest.raises(ConfigError, match="dp_degree=16 exceeds canonical_replicas=8"):
+        Pipeline(ws).pack(8).batch(2).options(dp_degree=16, dp_group_id=1, prefetch=0).restore(state)
+
+
 def test_work_source_type(ws):
     with pytest.raises(ConfigError, match="StaticMixture"):
         Pipeline([MemorySource(["a"])])

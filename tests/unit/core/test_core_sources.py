@@ -11,6 +11,7 @@ from core_fixtures import write_jsonl, zephon_cache_dir  # noqa: F401  (autouse 
 
 from zephon_core import DataError, JsonlSource, MemorySource, ParquetSource, TokenArraySource
 from zephon_core.sources import jsonl as jsonl_module
+from zephon_core.sources.jsonl import JsonlFile
 
 TEXTS = [f"document {i} " + "é→😀"[i % 3] * (i % 5) for i in range(40)]
 
@@ -86,10 +87,10 @@ def test_jsonl_index_is_cached(jsonl_file, monkeypatch, zephon_cache_dir):  # no
     first = JsonlSource(str(jsonl_file))
     assert list(zephon_cache_dir.glob("*.npz")), "the index was not written to ZEPHON_CACHE_DIR"
 
-    def boom(self):
+    def boom(self, *whole):
         raise AssertionError("index rebuilt although a valid cache exists")
 
-    monkeypatch.setattr(JsonlSource, "_build_index", boom)
+    monkeypatch.setattr(JsonlFile, "_build_index", boom)
     second = JsonlSource(str(jsonl_file))
     order = _random_order(len(TEXTS), 5)
     assert second.read(order) == first.read(order)
@@ -108,8 +109,8 @@ def test_jsonl_changed_file_is_reindexed(tmp_path, monkeypatch):
     # Same size, different line lengths: a stale index would cut the lines wrong.
     path.write_text('{"text": "a"}\n{"text": "bc"}\n')
     calls = []
-    original = JsonlSource._build_index
-    monkeypatch.setattr(JsonlSource, "_build_index", lambda self: calls.append(1) or original(self))
+    original = JsonlFile._build_index
+    monkeypatch.setattr(JsonlFile, "_build_index", lambda self, *whole: calls.append(1) or original(self, *whole))
     assert JsonlSource(str(path)).read([1, 0]) == ["bc", "a"]
     assert calls == [1]
     # Appending a record is seen too.
@@ -366,7 +367,7 @@ def test_sources_are_closed_cleanly(tmp_path):
     path = write_jsonl(tmp_path / "fd.jsonl", [{"text": "x"}])
     src = JsonlSource(str(path))
     src.read([0])
-    fd = src._fd
+    fd = src.file(0)._bytes._fd  # the descriptor of its one file
     assert fd is not None
     del src
     with pytest.raises(OSError):

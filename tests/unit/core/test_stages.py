@@ -39,11 +39,13 @@ def same_chunk(a: Chunk | None, b: Chunk | None) -> bool:
 
 
 @pytest.mark.parametrize("exhausted", ["repeat", "stop"])
-@pytest.mark.parametrize("shuffle", [True, False])
-def test_one_document_stage_gives_the_static_mixtures_chunks(exhausted, shuffle):
+@pytest.mark.parametrize("shuffle,blocks", [(True, None), (False, None), (True, 4)])
+def test_one_document_stage_gives_the_static_mixtures_chunks(exhausted, shuffle, blocks):
     srcs = token_sources()
-    static = StaticMixture(srcs, [0.5, 0.2, 0.3], seed=4, chunk_size=16, exhausted=exhausted, shuffle=shuffle)
-    staged = StagedMixture(srcs, [Stage({"s0": 0.5, "s1": 0.2, "s2": 0.3})], seed=4, chunk_size=16, exhausted=exhausted, shuffle=shuffle)
+    order = {"shuffle": shuffle, "block_size": blocks, "block_window": 3}
+    static = StaticMixture(srcs, [0.5, 0.2, 0.3], seed=4, chunk_size=16, exhausted=exhausted, **order)
+    staged = StagedMixture(srcs, [Stage({"s0": 0.5, "s1": 0.2, "s2": 0.3})], seed=4, chunk_size=16, exhausted=exhausted, **order)
+    assert staged.definition().get("order") == static.definition().get("order")
     assert staged.num_chunks == static.num_chunks and staged.chunks_per_epoch == static.chunks_per_epoch
     gs = list(range(60))
     assert all(same_chunk(a, b) for a, b in zip(static.chunks(gs), staged.chunks(gs)))
@@ -270,3 +272,13 @@ def test_the_token_index_agrees_with_a_running_sum_of_the_stream(monkeypatch, fu
         x = rng.integers(0, 2 * lengths.sum() + 1, 40)
         assert np.array_equal(index.position_at(x), np.searchsorted(running, x, side="left"))
         assert np.array_equal(index.documents(p), order.documents(p))
+
+
+def test_a_many_file_source_knows_its_documents_sizes_across_its_files(tmp_path):
+    lines = CORPUS.read_text(encoding="utf-8").splitlines(keepends=True)[:60]
+    (tmp_path / "shards").mkdir()
+    for k in range(3):
+        (tmp_path / "shards" / f"part-{k}.jsonl").write_text("".join(lines[k * 20 : (k + 1) * 20]), encoding="utf-8")
+    many = JsonlSource(str(tmp_path / "shards"), name="many")
+    one = JsonlSource(str(CORPUS), name="one")
+    assert len(many) == 60 and many.byte_lengths().tolist() == one.byte_lengths()[:60].tolist()

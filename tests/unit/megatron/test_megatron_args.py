@@ -150,3 +150,97 @@ def test_prepare_maps_and_validates_from_arguments(tmp_path):
     with pytest.raises(ZephonMegatronError, match="standalone"):
         recipe.write_text('[[sources]]\npath = "x.jsonl"\n[standalone]\nseq_len = 8\n')
         loader.prepare(Namespace(**base))
+
+
+def test_eval_iters_0_without_eval_interval_sizes_the_datasets_as_megatron_does(installed, monkeypatch):
+    """`--eval-iters 0` (what docs/megatron.md says to pass without held-out data) and no --eval-interval: megatron-core
+    0.19 divides by the missing interval while sizing the datasets; the adapter gives it a value that changes nothing."""
+    from megatron.training import global_vars, training
+
+    monkeypatch.setattr(sys, "argv", [*ARGV, "--eval-iters", "0", "--train-iters", "6", "--micro-batch-size", "2", "--global-batch-size", "8"])
+    ns = installed.parse_args(ignore_unknown_args=True)
+    assert ns.eval_interval is None
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", ns)
+    ns.iteration, ns.consumed_train_samples, ns.consumed_valid_samples = 0, 0, 0
+    ns.eval_global_batch_size = ns.global_batch_size  # what Megatron's validate_args sets
+    with pytest.raises(TypeError):
+        training.get_train_valid_test_num_samples()
+    zargs.fill_eval_interval(ns)
+    train, valid, test = training.get_train_valid_test_num_samples()
+    assert (train, valid, test) == (48, 0, 0)
+
+
+def test_evaluations_without_an_interval_are_refused():
+    from zephon_megatron.validate import RunShape, problems
+
+    shape = RunShape(dp=1, micro_batch_size=1, global_batch_size=4, num_microbatches=4, canonical_replicas=4, eval_iters=2,
+                     eval_interval=None, valid_recipes=("held.toml",))
+    assert any("needs --eval-interval N" in p for p in problems(shape))
+
+
+def _zephon_args(tmp_path, **kw):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('canonical_replicas = 4\n[[sources]]\npath = "x.jsonl"\n')
+    base = dict(dataloader_type="zephon", zephon_recipe=str(recipe), data_parallel_size=2, micro_batch_size=2,
+                global_batch_size=8, tensor_model_parallel_size=1, pipeline_model_parallel_size=1, context_parallel_size=1,
+                eval_iters=0, create_attention_mask_in_dataloader=False, zephon_aggregate_dir=str(tmp_path),
+                zephon_run_id="r", seq_length=32, train_iters=20, step_batch_size_schedule=None, rampup_batch_size=None)
+    base.update(kw)
+    return Namespace(**base)
+
+
+def test_prepare_checks_every_step_of_megatrons_batch_size_schedule(tmp_path, capsys):
+    from zephon_megatron import loader
+    from zephon_megatron.validate import ZephonMegatronError
+
+    # Thresholds are tokens (Megatron passes --seq-length 32): 256 tokens = 8 samples = after step 1.
+    assert loader.prepare(_zephon_args(tmp_path, step_batch_size_schedule="0:8 256:16 1024:24"))
+    with pytest.raises(ZephonMegatronError, match=r"at steps 2-3 of the --step-batch-size-schedule schedule 6 micro-batches"):
+        loader.prepare(_zephon_args(tmp_path, step_batch_size_schedule="0:8 256:12 1024:24"))
+    # megatron-core >= 0.18 parses --rampup-batch-size but trains at the constant --global-batch-size.
+    assert loader.prepare(_zephon_args(tmp_path, rampup_batch_size=[4, 4, 100]))
+    assert "ignores --rampup-batch-size" in capsys.readouterr().out
+
+
+def test_several_held_out_recipes_name_megatrons_validation_sets(tmp_path):
+    from zephon_megatron import loader
+
+    for name in ("wiki", "code"):
+        (tmp_path / f"{name}.toml").write_text('exhausted = "stop"\n[[sources]]\npath = "x.jsonl"\n')
+    args = _zephon_args(tmp_path, zephon_valid_recipe=[str(tmp_path / "wiki.toml"), str(tmp_path / "code.toml")],
+                        multiple_validation_sets=True, full_validation=True, validation_set_names=None)
+    assert loader.prepare(args) and args.validation_set_names == ["wiki", "code"]
+
+
+def test_the_checkpoint_hook_gets_one_chunk_iterator_of_a_virtual_pipeline(monkeypatch):
+    from megatron.training import global_vars
+
+    from zephon_megatron import plugin
+
+    seen = []
+    wrapped = plugin.wrap_save_dataloader_state(lambda it, iteration, path, **kw: seen.append((it, iteration, kw)))
+    assert plugin.wrap_save_dataloader_state(wrapped) is wrapped
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", Namespace(dataloader_type="external", zephon=True))
+    wrapped([None, "chunk1"], 3, "/d", tp_group=None)
+    wrapped([None, None], 3, "/d")
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", Namespace(dataloader_type="single"))
+    wrapped(["theirs"], 3, "/d")
+    assert [s[0] for s in seen] == ["chunk1", None, ["theirs"]] and seen[0][2] == {"tp_group": None}
+
+
+def test_a_skipped_iteration_reads_its_micro_batches_on_every_chunk_and_sends_nothing(monkeypatch):
+    import megatron.core.num_microbatches_calculator as nmc
+    from megatron.training import global_vars
+
+    from zephon_megatron import plugin
+
+    calls = []
+    wrapped = plugin.wrap_dummy_train_step(lambda it: calls.append(it))
+    monkeypatch.setattr(nmc, "_GLOBAL_NUM_MICROBATCHES_CALCULATOR", nmc.ConstantNumMicroBatchesCalculator(8, 2, 1, False, 1))
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", Namespace(dataloader_type="external", zephon=True))
+    chunk = iter(range(10))
+    wrapped([None, chunk])
+    assert next(chunk) == 4 and calls == []  # one step = 4 micro-batches, dropped
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", Namespace(dataloader_type="single"))
+    wrapped("theirs")
+    assert calls == ["theirs"]

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import traceback
-
+import gloo_workers
 import numpy as np
 import pytest
 
@@ -22,39 +19,31 @@ FORMATS = {
 
 
 def _batches(fmt_name: str, n: int = 3):
-    from zephon_megatron.loader import _micro_batch
+    from zephon_megatron.iterators import micro_batch
 
     docs = [[10 + d] * (1 + d % 6) + [9] for d in range(30)]
     p = Pipeline(StaticMixture([MemorySource(docs)], seed=2, chunk_size=4)).pack(10).batch(2).options(canonical_replicas=1)
-    return [_micro_batch(b, FORMATS[fmt_name]) for b, _ in zip(p, range(n))]
+    return [micro_batch(b, FORMATS[fmt_name]) for b, _ in zip(p, range(n))]
 
 
-def _worker(rank: int, world: int, store: str, out: str) -> None:
-    try:
-        import torch.distributed as dist
+def _worker(rank: int, out: str) -> None:
+    import torch.distributed as dist
 
-        from zephon_megatron.broadcast import broadcast_microbatch
+    from zephon_megatron.broadcast import broadcast_microbatch
 
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-        results = {}
-        for fmt_name, verify in CASES:
-            rows = []
-            for mb in _batches(fmt_name):
-                got = broadcast_microbatch(mb if rank == 0 else None, src=0, group=dist.group.WORLD, verify=verify)
-                rows.append({k: (v.numpy() if v is not None else None) for k, v in dict.items(got)})
-                rows[-1]["meta"] = None if got.meta is None else got.meta.line()
-            results[fmt_name] = rows
-        torch.save(results, f"{out}.{rank}")
-        solo = dist.new_group([0])
-        if rank == 0:
-            with open(f"{out}.megatron", "w") as f:
-                f.write(_megatron_check(solo))
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:
-        with open(f"{out}.{rank}.err", "w") as f:
-            f.write(traceback.format_exc())
-        raise
+    results = {}
+    for fmt_name, verify in CASES:
+        rows = []
+        for mb in _batches(fmt_name):
+            got = broadcast_microbatch(mb if rank == 0 else None, src=0, group=dist.group.WORLD, verify=verify)
+            rows.append({k: (v.numpy() if v is not None else None) for k, v in dict.items(got)})
+            rows[-1]["meta"] = None if got.meta is None else got.meta.line()
+        results[fmt_name] = rows
+    torch.save(results, f"{out}.{rank}")
+    solo = dist.new_group([0])
+    if rank == 0:
+        with open(f"{out}.megatron", "w") as f:
+            f.write(_megatron_check(solo))
 
 
 def _megatron_check(group) -> str:
@@ -81,17 +70,7 @@ CASES = [("plain", True), ("masks", False), ("cu", True)]
 @pytest.fixture(scope="module")
 def exchanged(tmp_path_factory):
     """Run the 2-process exchange once: what rank 0 sent and rank 1 received, per format."""
-    tmp = tmp_path_factory.mktemp("bcast")
-    out = str(tmp / "res")
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, 2, str(tmp / "store"), out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    errs = [(tmp / f).read_text() for f in os.listdir(tmp) if f.endswith(".err")]
-    assert not errs, "\n".join(errs)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    out = gloo_workers.run(_worker, 2, tmp_path_factory.mktemp("bcast"))
     with open(f"{out}.megatron") as f:
         megatron = f.read()
     return torch.load(f"{out}.0", weights_only=False), torch.load(f"{out}.1", weights_only=False), megatron

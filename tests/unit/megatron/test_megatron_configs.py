@@ -23,7 +23,7 @@ def test_recipes_load_and_leave_sizes_to_megatron(name):
 
 
 def test_text_recipe_builds_with_a_megatron_style_tokenizer():
-    from zephon_megatron.loader import TokenizerAdapter
+    from zephon_megatron.tokenizer import TokenizerAdapter
 
     class Words:
         """Stands in for Megatron's tokenizer object: tokenize(text) -> ids."""

@@ -94,8 +94,19 @@ def test_a_state_whose_progress_does_not_match_its_iteration_is_refused(tmp_path
 
 def test_a_changed_global_batch_is_refused(tmp_path):
     _write(tmp_path, 3, ls.encode(_state_after(3), iteration=3, batches_per_step=BPS))
-    with pytest.raises(ZephonMegatronError, match="consuming 4 micro-batches per step .* this run consumes 8"):
+    with pytest.raises(ZephonMegatronError, match="next step consumes 4 micro-batches .* this run's consumes 8"):
         ls.load_for_iteration(str(tmp_path), 3, 0, batches_per_step=8, pipeline_parallel=False)
+
+
+def test_the_delivered_count_is_checked_against_megatrons_consumed_samples(tmp_path):
+    # A ramped run: 3 steps of 2, 2 and 8 micro-batches (12 in all, micro batch 2 -> 24 samples).
+    _write(tmp_path, 3, ls.encode(_state_after(3), iteration=3, batches_per_step=8))
+    got = ls.load_for_iteration(str(tmp_path), 3, 0, batches_per_step=8, pipeline_parallel=False, delivered=12,
+                                consumed_samples=24)
+    assert got.delivered == 12
+    with pytest.raises(ZephonMegatronError, match="holds 12 delivered micro-batches, but the model checkpoint's 20 consumed"):
+        ls.load_for_iteration(str(tmp_path), 3, 0, batches_per_step=8, pipeline_parallel=False, delivered=10,
+                              consumed_samples=20)
 
 
 class Evil:

@@ -46,12 +46,13 @@ def test_aggregation_is_needed_beyond_one_dp_rank():
 @pytest.mark.parametrize(
     "kw,needle",
     [
-        (dict(rampup_batch_size=["4", "4", "100"]), "--rampup-batch-size"),
-        (dict(virtual_pp=2, pp=2), "virtual pipeline parallelism is not supported"),
-        (dict(cp=2), "--context-parallel-size 2 is not supported"),
+        (dict(hybrid_cp=True), "--hybrid-context-parallel"),
         (dict(eval_iters=10), "--zephon-valid-recipe"),
+        (dict(full_validation=True), "no held-out data is given; pass --zephon-valid-recipe"),
+        (dict(eval_iters=1, valid_recipes=("a.toml", "b.toml")), "add both flags"),
+        (dict(eval_iters=1, valid_recipes=("a.toml",), multiple_validation_sets=True), "add --full-validation"),
+        (dict(full_validation=True, valid_recipes=("a.toml",), endless_valid_recipes=("a.toml",)), 'exhausted = "stop"'),
         (dict(sft=True), "--sft"),
-        (dict(full_validation=True), "--full-validation"),
         (dict(reset_attention_mask=True, create_attention_mask=False), "--reset-attention-mask needs"),
         (dict(inter_document_masking=True, megatron_broadcast=False), "packed-sequence parameters"),
         (dict(save="/ckpt", dataloader_save=None), "pass --dataloader-save"),
@@ -62,8 +63,25 @@ def test_each_unsupported_setting_is_refused_with_its_fix(kw, needle):
     assert len(found) == 1 and needle in found[0], found
 
 
-def test_eval_with_a_held_out_recipe_is_fine():
-    assert problems(shape(eval_iters=10, valid_recipe="heldout.toml")) == []
+def test_eval_with_held_out_recipes_is_fine():
+    assert problems(shape(eval_iters=10, valid_recipes=("heldout.toml",))) == []
+    assert problems(shape(full_validation=True, valid_recipes=("heldout.toml",))) == []
+    assert problems(shape(full_validation=True, multiple_validation_sets=True, valid_recipes=("a.toml", "b.toml"))) == []
+
+
+def test_production_topologies_are_accepted():
+    # TP8 x CP2 x PP8 with virtual stages: nothing about them changes what a step holds.
+    assert problems(shape(tp=8, cp=2, pp=8, virtual_pp=4, create_attention_mask=False)) == []
+
+
+def test_a_batch_ramp_is_checked_step_by_step_and_the_first_bad_step_is_named():
+    ramp = ((1, 2, 8), (3, 4, 16), (5, 100, 24))
+    assert problems(shape(batch_steps=ramp, schedule_flag="--step-batch-size-schedule")) == []
+    (msg,) = problems(shape(batch_steps=((1, 2, 8), (3, 3, 12), (4, 100, 16)), schedule_flag="--step-batch-size-schedule"))
+    assert "at step 3 of the --step-batch-size-schedule schedule 6 micro-batches (global batch 12" in msg
+    assert "not a multiple of canonical_replicas=4" in msg and "multiple of 8 (e.g. 16 at step 3)" in msg
+    (msg,) = problems(shape(batch_steps=((1, 5, 8), (6, 9, 9)), schedule_flag="--rampup-batch-size"))
+    assert "global batch of 9 at steps 6-9, not a multiple of --micro-batch-size 2" in msg
 
 
 def test_tensor_parallel_attention_mask_deadlock_is_refused_on_the_megatron_broadcast_route():
@@ -78,7 +96,7 @@ def test_tensor_parallel_attention_mask_deadlock_is_refused_on_the_megatron_broa
 
 def test_check_lists_every_problem_at_once():
     with pytest.raises(ZephonMegatronError) as e:
-        check(shape(canonical_replicas=3, cp=2))
+        check(shape(canonical_replicas=3, hybrid_cp=True))
     text = str(e.value)
     assert text.startswith("zephon: this run cannot start:") and text.count("\n  - ") == 2
     assert isinstance(e.value, ValueError)

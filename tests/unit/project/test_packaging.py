@@ -1,13 +1,33 @@
-"""The distribution installs as users get it: packages, the ``zephon`` console script."""
+"""The distribution installs as users get it: packages, the ``zephon`` console script, the bundled
+configs, and core dependencies and extras that match what each command imports.
+
+The wheel tests are offline and fast: the wheel is built without build isolation and installed
+with ``--no-index --no-deps`` into a fresh venv that sees only the installed distributions it
+names (linked from this environment's site-packages), as ``pip install .`` would give them.
+"""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 import sys
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
+import pytest
+from packaging.requirements import Requirement
+
 ROOT = Path(__file__).resolve().parents[3]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+DIST_OF_IMPORT = {"torch": "torch", "torchtitan": "torchtitan", "megatron": "megatron-core", "numpy": "numpy", "tokenizers": "tokenizers",
+                  "fsspec": "fsspec", "omegaconf": "omegaconf", "pyarrow": "pyarrow", "s3fs": "s3fs", "transformers": "transformers"}
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].strip().lower()
 
 
 def test_wheel_installs_packages_and_console_script(tmp_path):
@@ -19,10 +39,122 @@ def test_wheel_installs_packages_and_console_script(tmp_path):
     assert build.returncode == 0, build.stderr[-2000:]
     for package in ("zephon_core", "zephon_torchtitan", "zephon_megatron"):
         assert (target / package / "__init__.py").is_file(), f"{package} missing from the wheel"
+    for sub in (p for p in (ROOT / "zephon_core").rglob("__init__.py")):
+        assert (target / sub.relative_to(ROOT)).is_file(), f"{sub.parent.name} missing from the wheel"
     assert not (target / "tests").exists()
     script = target / "bin" / "zephon"
     assert script.is_file()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(target)
     r = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-    assert r.returncode == 0 and "verify-elastic" in r.stdout, r.stderr
+    assert r.returncode == 0 and "verify-elastic" in r.stdout and "init" in r.stdout, r.stderr
+
+
+def _closure(names: list[str]) -> set[str]:
+    """These distributions and everything they require (without extras), as installed here."""
+    seen: set[str] = set()
+    todo = [n.lower() for n in names]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for req in map(Requirement, metadata.distribution(name).requires or []):
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name.lower())
+    return seen
+
+
+def _link_distributions(names: set[str], into: Path) -> None:
+    """Make exactly these installed distributions importable from ``into`` (symlinks to their top-level files)."""
+    into.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        dist = metadata.distribution(name)
+        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+        for top in tops:
+            src = Path(dist.locate_file(top))
+            if src.exists() and not (into / top).exists():
+                (into / top).symlink_to(src)
+
+
+@pytest.fixture(scope="module")
+def core_venv(tmp_path_factory):
+    """A fresh venv with the wheel and only the core dependencies: what `pip install .` gives."""
+    root = tmp_path_factory.mktemp("core-venv")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"), str(ROOT)],
+                           capture_output=True, text=True, timeout=600, cwd=root)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (root / "dist").glob("*.whl")
+    venv = root / "venv"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    # Without PYTHONPATH: a clone on it (with its .egg-info) would look like an installed zephon-suite to pip.
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet", "--no-index", "--no-deps", str(wheel)],
+                               capture_output=True, text=True, timeout=600, env=clean)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
+                               check=True).stdout.strip())
+    deps = root / "deps"
+    _link_distributions(_closure([_name(r) for r in PYPROJECT["project"]["dependencies"]]), deps)
+    (site / "zephon-deps.pth").write_text(f"{deps}\n")
+    return venv, deps, root
+
+
+def _in(venv: Path, cmd: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}/usr/bin{os.pathsep}/bin"
+    return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_core_wheel_alone_gives_a_working_cli_and_the_configs(core_venv, tmp_path):
+    venv, deps, _ = core_venv
+    assert _in(venv, "python -c 'import tokenizers'", tmp_path).returncode != 0, "the test venv must not see tokenizers"
+    r = _in(venv, "zephon init && ls configs/data configs/corpus configs/torchtitan configs/megatron", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "demo.toml" in r.stdout and "tokenizer.json" in r.stdout and "llama3_debug_zephon_022.toml" in r.stdout
+    assert _in(venv, "zephon init", tmp_path).returncode == 1  # never overwrites without --force
+    # Commands that need an extra say which, in one line.
+    for cmd in ("zephon explain configs/data/demo.toml", "python -m zephon_core.tools.demo",
+                "zephon trace configs/data/tt_train.toml --step 1 --framework torchtitan --tokenizer configs/corpus"):
+        r = _in(venv, cmd, tmp_path)
+        assert r.returncode == 1 and r.stderr.strip().splitlines() == [r.stderr.strip()], (cmd, r.stderr)
+        assert "pip install 'zephon-suite[tokenizers]'" in r.stderr and "Traceback" not in r.stderr, (cmd, r.stderr)
+    # Recipes need nothing more than the core: diff reads two of them.
+    r = _in(venv, "zephon diff configs/data/tt_train.toml configs/data/mg_train.toml", tmp_path)
+    assert r.returncode == 1 and "canonical_replicas: 4 vs 8" in r.stdout, r.stdout + r.stderr
+
+
+def test_core_wheel_with_tokenizers_runs_the_demo_outside_the_clone(core_venv, tmp_path):
+    venv, deps, root = core_venv
+    _link_distributions(_closure(["tokenizers"]), deps)
+    r = _in(venv, "python -m zephon_core.tools.demo", tmp_path)
+    assert r.returncode == 0 and "all 10 global steps matched" in r.stdout, r.stdout + r.stderr
+    r = _in(venv, "python -c 'from zephon_core.integration import bundled_configs; print(bundled_configs())'", tmp_path)
+    assert Path(r.stdout.strip()).is_relative_to(venv) and not Path(r.stdout.strip()).is_relative_to(ROOT), r.stdout + r.stderr
+
+
+def _third_party_imports(folder: Path) -> set[str]:
+    found: set[str] = set()
+    for f in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found |= {n.split(".")[0] for n in names if n.split(".")[0] in DIST_OF_IMPORT}
+    return found
+
+
+def test_extras_name_what_each_route_imports():
+    core = {_name(r) for r in PYPROJECT["project"]["dependencies"]}
+    extras = {k: {_name(r) for r in v} for k, v in PYPROJECT["project"]["optional-dependencies"].items()}
+    for adapter, folder in (("torchtitan", "integrations/torchtitan"), ("megatron", "integrations/megatron")):
+        needed = {DIST_OF_IMPORT[m] for m in _third_party_imports(ROOT / folder)}
+        assert needed <= core | extras[adapter], f"[{adapter}] lacks {sorted(needed - core - extras[adapter])}"
+    # Megatron's HuggingFaceTokenizer (configs/megatron/common.sh) imports transformers; the project env has it too.
+    assert "--tokenizer-type HuggingFaceTokenizer" in (ROOT / "configs" / "megatron" / "common.sh").read_text()
+    assert "transformers" in extras["megatron"]
+    env_pins = {_name(line) for line in (ROOT / "requirements" / "env.txt").read_text().splitlines() if line.strip() and not line.startswith("#")}
+    assert "transformers" in env_pins
+    from zephon_core.tools.errors import EXTRAS
+
+    for module, extra in EXTRAS.items():  # every extra the CLI names exists and brings that module
+        assert DIST_OF_IMPORT[module] in extras[extra] or module == "megatron" and "megatron-core" in extras[extra], (module, extra)

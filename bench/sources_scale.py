@@ -1,0 +1,190 @@
+"""Benchmarks of sources at corpus scale (run through bench/cases.py by bench/run.py).
+
+P7  start-up of a 10,000-shard JSONL source: cold (no manifest: every shard indexed) and warm
+    (a manifest next to the data: one read and one listing), on a local folder and on the
+    loopback S3 server (moto).
+P8  object-store reads: range GETs per 1M tokens (per-document vs block shuffle) and tokens/s
+    through a proxy adding 20 ms to every request, against the same shards on local disk.
+P2  (floor) a NumPy copy of the same documents in the same order the zephon_core pipeline
+    delivers them (its chunk sequence), for the restated P2 ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# P8's corpus and block mode: 16 shards of ~5 MB; blocks of 512 documents (~1.2 MB), windows of 4 blocks.
+SHARDS, DOCS_PER_SHARD, BLOCK = 16, 2048, 512
+perf = time.perf_counter
+
+
+def _shards(folder: Path, n_files: int, docs_per: int, text: str = "a short document") -> Path:
+    marker = folder / f".complete-{n_files}-{docs_per}"
+    if marker.exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for k in range(n_files):
+        (folder / f"part-{k:05d}.jsonl").write_text("".join(json.dumps({"text": f"{text} {k}-{j}"}) + "\n" for j in range(docs_per)))
+    marker.touch()
+    return folder
+
+
+def _upload(ep: Any, folder: Path, prefix: str) -> None:
+    fs = ep.filesystem()
+    files = sorted(folder.glob("*.jsonl"))
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda p: fs.pipe_file(f"{ep.bucket}/{prefix}/{p.name}", p.read_bytes()), files))
+
+
+def _timed_source(path: str, **kw: Any) -> tuple[float, int, int]:
+    from zephon_core import JsonlSource
+
+    t0 = perf()
+    src = JsonlSource(path, **kw)
+    return perf() - t0, len(src.metas), len(src)
+
+
+def _write_manifest(path: str, storage_options: dict | None) -> float:
+    from zephon_core.tools.cli import main
+
+    t0 = perf()
+    args = ["index", path, "--no-progress"] + (["--storage-options", json.dumps(storage_options)] if storage_options else [])
+    assert main(args) == 0
+    return perf() - t0
+
+
+def case_startup(a: dict) -> dict:
+    """P7: 10,000 shards, cold and warm, local and S3."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from s3_server import S3Server
+
+    n = a.get("files", 10_000)
+    folder = _shards(Path(a["work"]) / f"shards-{n}", n, a.get("docs_per_file", 4))
+    out: dict[str, Any] = {"files": n}
+    for name in ("zephon-manifest.json",):
+        (folder / name).unlink(missing_ok=True)
+    shutil.rmtree(folder / ".zephon-index", ignore_errors=True)
+    with tempfile.TemporaryDirectory() as cache:
+        out["local_cold_s"], files, docs = _timed_source(str(folder), cache_dir=f"{cache}/a", use_manifest=False)
+        out["local_index_s"] = _write_manifest(str(folder), None)
+        out["local_warm_s"], _, _ = _timed_source(str(folder), cache_dir=f"{cache}/b")
+        out["documents"] = docs
+        with S3Server(bucket="zephon-bench", mode="process") as ep:
+            t0 = perf()
+            _upload(ep, folder, "p7")
+            out["s3_upload_s"] = perf() - t0
+            so = ep.storage_options
+            out["s3_cold_s"], _, _ = _timed_source(ep.url("p7"), cache_dir=f"{cache}/c", storage_options=so, use_manifest=False)
+            out["s3_index_s"] = _write_manifest(ep.url("p7"), so)
+            out["s3_warm_s"], _, _ = _timed_source(ep.url("p7"), cache_dir=f"{cache}/d", storage_options=so)
+    return out
+
+
+def _pipeline(src: Any, tok: Any, block: int | None, C: int = 4) -> Any:
+    from zephon_core import Pipeline, StaticMixture
+
+    ws = StaticMixture([src], seed=11, chunk_size=32, block_size=block, block_window=4)
+    return Pipeline(ws).tokenize(tok, eos_id=1).pack(512).batch(8).options(canonical_replicas=C, dp_degree=1, dp_group_id=0)
+
+
+def _run(p: Any, batches: int) -> tuple[float, int]:
+    it = iter(p)
+    next(it)  # start-up and the first piece are not throughput
+    t0, tokens = perf(), 0
+    for _ in range(batches):
+        b = next(it)
+        tokens += int(b.loss_mask.sum())
+    dt = perf() - t0
+    p.close()
+    return dt, tokens
+
+
+def case_s3_reads(a: dict) -> dict:
+    """P8: range GETs per 1M tokens and tokens/s with 20 ms per request, against local disk."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from s3_proxy import S3Proxy
+    from s3_server import S3Server
+    from tokenizers import Tokenizer
+
+    from zephon_core import JsonlSource
+
+    tok = Tokenizer.from_file(a["tokenizer"])
+    words = Path(a["jsonl"]).read_text().split()[:2000]
+    folder = Path(a["work"]) / f"p8-shards-{SHARDS}x{DOCS_PER_SHARD}"
+    if not (folder / ".complete").exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for k in range(SHARDS):  # documents of ~2-3 KB of text (~400-600 tokens)
+            lines = [json.dumps({"text": " ".join(words[(k * 7 + j * 13 + i) % len(words)] for i in range(300 + j % 150))})
+                     for j in range(DOCS_PER_SHARD)]
+            (folder / f"part-{k:03d}.jsonl").write_text("\n".join(lines) + "\n")
+        (folder / ".complete").touch()
+    batches = a.get("batches", 60)
+    out: dict[str, Any] = {"latency_ms": 20, "batches": batches}
+    with tempfile.TemporaryDirectory() as cache:
+        for mode, block in (("per_document", None), ("blocks", BLOCK)):
+            dt, tokens = _run(_pipeline(JsonlSource(str(folder), cache_dir=f"{cache}/l{mode}"), tok, block), batches)
+            out[f"local_{mode}_tokens_per_s"] = tokens / dt
+        with S3Server(bucket="zephon-bench", mode="process") as ep:
+            fs = ep.filesystem()
+            for p in sorted(folder.glob("*.jsonl")):
+                fs.pipe_file(f"{ep.bucket}/p8/{p.name}", p.read_bytes())
+            for mode, block in (("per_document", None), ("blocks", BLOCK)):
+                with S3Proxy(ep.endpoint_url, latency_s=0.02) as proxy:
+                    so = proxy.endpoint(ep.bucket).storage_options
+                    so["skip_instance_cache"] = True
+                    p = _pipeline(JsonlSource(ep.url("p8"), cache_dir=f"{cache}/s{mode}", storage_options=so), tok, block)
+                    proxy.reset_counts()
+                    dt, tokens = _run(p, batches)
+                    out[f"s3_{mode}_tokens_per_s"] = tokens / dt
+                    out[f"s3_{mode}_gets_per_1m_tokens"] = proxy.counts["GET"] / tokens * 1e6
+                    out[f"s3_{mode}_tokens"] = tokens
+    for mode in ("per_document", "blocks"):
+        out[f"{mode}_s3_over_local"] = out[f"s3_{mode}_tokens_per_s"] / out[f"local_{mode}_tokens_per_s"]
+    return out
+
+
+def numpy_zephon_order_copy(a: dict) -> Iterator[dict]:
+    """The P2 floor: the documents the zephon_core TokenArraySource pipeline delivers (its chunk
+    sequence for lane 0 of C=1), copied one slice each into [B, L+1] rows."""
+    import numpy as np
+
+    from zephon_core import StaticMixture, TokenArraySource
+
+    tokens = np.asarray(np.load(a["tokens"], mmap_mode="r"))
+    offsets = np.load(a["offsets"])
+    ws = StaticMixture([TokenArraySource(a["tokens"], a["offsets"])], seed=a["seed"], chunk_size=a.get("chunk_size", 64))
+    L, B = a["seq_len"] + 1, a["batch"]
+    need = L * B
+    # The order is computed before the first batch (the warm-up): the floor times the copy alone.
+    order = np.concatenate([c.documents for c in ws.chunks(list(range(a.get("chunks", 4000)))) if c is not None])
+    starts, ends = offsets[order].tolist(), offsets[order + 1].tolist()
+    pend: list = []
+    have = j = 0
+    while True:
+        while have < need:
+            s, e = starts[j % len(starts)], ends[j % len(starts)]
+            pend.append(tokens[s:e])
+            have += e - s
+            j += 1
+        flat = np.concatenate(pend)
+        rows = flat[:need].astype(np.int64).reshape(B, L)
+        pend, have = [flat[need:]], len(flat) - need
+        yield {"input_ids": rows[:, :-1], "labels": rows[:, 1:]}
+
+
+def main(name: str, a: dict) -> None:
+    res = {"startup": case_startup, "s3_reads": case_s3_reads}[name](a)
+    res["loadavg"] = os.getloadavg()
+    print("RESULT " + json.dumps(res), flush=True)

@@ -1,0 +1,112 @@
+"""The files of a source: a path, a glob, a directory or a list, always in sorted order.
+
+A listing's order depends on the store (and on S3 on the key encoding), so the
+file order of a source is the sorted order of the files' full paths, never the
+order a listing returned.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from zephon_core.errors import DataError
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """What a listing says of one file: enough to tell that it changed."""
+
+    path: str  # inside the filesystem (no protocol)
+    size: int
+    etag: str | None = None  # object stores
+    mtime: float | None = None  # filesystems
+
+
+@dataclass(frozen=True)
+class FileSet:
+    """The sorted files of one source, on one filesystem."""
+
+    fs: fsspec.AbstractFileSystem
+    root: str  # the folder the files are named relative to (where a manifest lives)
+    files: tuple[FileStat, ...]
+    expanded: bool  # a glob, a folder or a list: a many-file source, even if it holds one file
+
+    def url(self, stat: FileStat) -> str:
+        return str(self.fs.unstrip_protocol(stat.path))
+
+    def name(self, stat: FileStat) -> str:
+        """The file's name relative to ``root`` (what manifests and fingerprints record)."""
+        rel = stat.path[len(self.root):].lstrip("/") if stat.path.startswith(self.root) else stat.path
+        return rel or os.path.basename(stat.path)
+
+
+def _stat(info: dict[str, Any]) -> FileStat:
+    etag = info.get("ETag") or info.get("etag")
+    mtime = info.get("mtime") or info.get("LastModified")
+    if mtime is not None and not isinstance(mtime, (int, float)):
+        mtime = mtime.timestamp() if hasattr(mtime, "timestamp") else None
+    return FileStat(str(info["name"]), int(info.get("size") or 0), str(etag).strip('"') if etag else None, mtime)
+
+
+def _matches(path: str, suffixes: Sequence[str]) -> bool:
+    return any(path.endswith(s) for s in suffixes)
+
+
+def list_files(path: str | Sequence[str], suffixes: Sequence[str], storage_options: dict[str, Any] | None = None) -> FileSet:
+    """Expand ``path`` (one file, a glob, a folder: its files ending in ``suffixes``, recursively, or a list of any of them)."""
+    specs = [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]
+    if not specs:
+        raise DataError("a source needs at least one path")
+    fs, _ = url_to_fs(specs[0], **(storage_options or {}))
+    found: dict[str, FileStat] = {}
+    roots = []
+    expanded = not isinstance(path, (str, os.PathLike)) or len(specs) > 1
+    for spec in specs:
+        _, inner = url_to_fs(spec, **(storage_options or {}))  # (open_fs would expand a glob)
+        if _GLOB_CHARS & set(inner):
+            hits = fs.glob(inner, detail=True)
+            roots.append(inner[: min(inner.find(c) for c in _GLOB_CHARS if c in inner)].rsplit("/", 1)[0])
+            for info in hits.values():
+                if info.get("type") != "directory":
+                    found[str(info["name"])] = _stat(info)
+            if not hits:
+                raise DataError(f"{spec}: no file matches this pattern")
+            expanded = True
+            continue
+        try:
+            info = fs.info(inner)
+        except FileNotFoundError:
+            raise DataError(f"{spec}: no such file or folder") from None
+        if info.get("type") == "directory":
+            roots.append(inner.rstrip("/"))
+            hits = {p: i for p, i in fs.find(inner, detail=True).items() if _matches(p, suffixes)}
+            if not hits:
+                raise DataError(f"{spec}: a folder with no {' or '.join(suffixes)} file in it")
+            found.update({str(i["name"]): _stat(i) for i in hits.values()})
+            expanded = True
+        else:
+            roots.append(inner.rsplit("/", 1)[0] if "/" in inner else "")
+            found[str(info["name"])] = _stat(info)
+    root = os.path.commonpath(roots) if len(set(roots)) > 1 else roots[0]
+    return FileSet(fs, root, tuple(found[p] for p in sorted(found)), expanded)
+
+
+@dataclass(frozen=True)
+class Access:
+    """How a source reads its files: never changes what it reads."""
+
+    attempts: int = 5  # per range request on an object store, before a DataError
+    cache_dir: str | None = None  # the index cache (default $ZEPHON_CACHE_DIR or ~/.cache/zephon/index)
+    cache_bytes: int | None = None  # the node-local shard cache's byte cap (default $ZEPHON_SHARD_CACHE_BYTES or 64 GiB)
+    local_copy: bool = False  # copy whole objects into the shard cache before reading them
+    manifest: bool = True  # use the folder's zephon-manifest.json when there is one
+    progress: Callable[[int, int], None] | None = None  # (files indexed, files) while indexing many files
+DEFAULT_ACCESS = Access()

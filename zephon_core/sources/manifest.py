@@ -1,0 +1,147 @@
+"""The index manifest of a many-file source: one object next to the data that every rank reads
+instead of opening every file.
+
+``zephon-manifest.json`` in the source's root folder records, per file, its name,
+size, ETag or modification time, content sample and document count (and format
+facts such as Parquet row groups); ``.zephon-index/<file>.npz`` holds a file's
+document offsets where a format needs them. ``zephon index SOURCE`` writes both.
+A pipeline validates the manifest against one listing of the files: a file
+added, removed or changed since (size or ETag; a new modification time with a
+different content sample) is an error naming it, never silently wrong data.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zephon_core.errors import DataError
+from zephon_core.sources.base import content_fingerprint, is_local
+from zephon_core.sources.files import FileSet, FileStat
+
+MANIFEST = "zephon-manifest.json"
+INDEX_DIR = ".zephon-index"
+FORMAT, VERSION = "zephon.manifest", 1
+
+
+@dataclass(frozen=True)
+class ShardMeta:
+    """What a source needs to know of one file without opening it (a manifest entry)."""
+
+    name: str  # relative to the source's root folder
+    size: int
+    documents: int
+    sample_blake2b: str  # the hash of its first and last MiB (sources.base.content_fingerprint)
+    etag: str | None = None
+    mtime: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # format-specific facts (e.g. Parquet row groups)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"name": self.name, "size": self.size, "documents": self.documents, "sample_blake2b": self.sample_blake2b}
+        out.update({k: v for k, v in (("etag", self.etag), ("mtime", self.mtime)) if v is not None})
+        if self.extra:
+            out["extra"] = self.extra
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ShardMeta:
+        return cls(str(d["name"]), int(d["size"]), int(d["documents"]), str(d["sample_blake2b"]), d.get("etag"), d.get("mtime"), dict(d.get("extra") or {}))
+
+
+def _join(root: str, name: str) -> str:
+    return f"{root.rstrip('/')}/{name}" if root else name
+
+
+def _write_bytes(files: FileSet, path: str, data: bytes) -> None:
+    if is_local(files.fs):
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)  # readers see the old manifest or the new one, never half of one
+    else:
+        files.fs.pipe_file(path, data)  # one PUT: atomic on an object store
+
+
+def write_manifest(files: FileSet, kind: str, options: Mapping[str, Any], metas: Sequence[ShardMeta],
+                   indexes: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> str:
+    """Write the manifest (and each file's index arrays) into the source's root; returns the manifest's URL."""
+    for name, arrays in (indexes or {}).items():
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its bool flag
+        _write_bytes(files, _join(files.root, f"{INDEX_DIR}/{name}.npz"), buf.getvalue())
+    body = {"format": FORMAT, "version": VERSION, "kind": kind, "options": dict(options), "files": [m.to_json() for m in metas]}
+    path = _join(files.root, MANIFEST)
+    _write_bytes(files, path, json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    return str(files.fs.unstrip_protocol(path))
+
+
+def read_index(files: FileSet, name: str) -> dict[str, np.ndarray] | None:
+    """A file's index arrays written with the manifest, or None."""
+    path = _join(files.root, f"{INDEX_DIR}/{name}.npz")
+    try:
+        data = files.fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def read_manifest(files: FileSet, kind: str, options: Mapping[str, Any]) -> list[ShardMeta] | None:
+    """The manifest's entries for ``files``, validated against the listing; None when there is no manifest."""
+    path = _join(files.root, MANIFEST)
+    url = files.fs.unstrip_protocol(path)
+    try:
+        raw = files.fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    try:
+        body = json.loads(raw)
+        if body.get("format") != FORMAT or body.get("version") != VERSION:
+            raise DataError(f"{url}: not a Zephon index manifest of version {VERSION}; rebuild it with `zephon index`")
+        entries = [ShardMeta.from_json(d) for d in body["files"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DataError(f"{url}: unreadable index manifest ({e}); rebuild it with `zephon index`") from None
+    if body.get("kind") != kind or body.get("options") != dict(options):
+        raise DataError(f"{url}: the manifest was built for a {body.get('kind')} source with {body.get('options')}, this source is a {kind} "
+                        f"source with {dict(options)}; rebuild it with `zephon index`")
+    return _validated(files, url, entries)
+
+
+def _validated(files: FileSet, url: str, entries: list[ShardMeta]) -> list[ShardMeta]:
+    by_name = {m.name: m for m in entries}
+    listed = {files.name(st): st for st in files.files}
+    added = sorted(set(listed) - set(by_name))
+    if added:
+        raise DataError(f"{url}: stale: file {added[0]} is not in the manifest ({len(added)} new file(s)); rebuild it with `zephon index`")
+    gone = sorted(set(by_name) - set(listed))
+    if gone:
+        raise DataError(f"{url}: stale: file {gone[0]} is in the manifest but no longer there ({len(gone)} missing); rebuild it with `zephon index`")
+    out = []
+    for name, st in listed.items():
+        m = by_name[name]
+        if not _same(files, st, m):
+            raise DataError(f"{url}: stale: file {name} changed since the manifest was written (size {m.size} -> {st.size}, "
+                            f"etag {m.etag} -> {st.etag}); rebuild it with `zephon index`")
+        out.append(ShardMeta(m.name, m.size, m.documents, m.sample_blake2b, st.etag, st.mtime, m.extra))
+    return out
+
+
+def _same(files: FileSet, st: FileStat, m: ShardMeta) -> bool:
+    if st.size != m.size:
+        return False
+    if st.etag is not None and m.etag is not None:
+        return st.etag == m.etag
+    if st.mtime is not None and m.mtime is not None and st.mtime != m.mtime:
+        # Touched or copied: trust it only if its content sample is unchanged.
+        return bool(content_fingerprint(files.fs, st.path)["sample_blake2b"] == m.sample_blake2b)
+    return True

@@ -1,0 +1,94 @@
+"""A node-local cache of whole files (fetched objects, decompressed shards), bounded in bytes.
+
+Entries are named by a digest of what they hold (URL, the source file's
+fingerprint, the transformation), written to a temporary file and renamed into
+place, so the pipelines of one node can share the folder: a reader sees a whole
+entry or none. Least recently used entries are removed once the folder holds more
+than ``max_bytes``; a reader that loses an entry to eviction between finding and
+opening it simply makes it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from zephon_core.sources import index_cache
+
+DEFAULT_MAX_BYTES = 64 << 30
+ENV_MAX_BYTES = "ZEPHON_SHARD_CACHE_BYTES"
+
+
+def default_max_bytes() -> int:
+    try:
+        return int(os.environ.get(ENV_MAX_BYTES, DEFAULT_MAX_BYTES))
+    except ValueError:
+        return DEFAULT_MAX_BYTES
+
+
+def _touch(path: os.PathLike[str] | str) -> None:
+    # An explicit time: a file system's own timestamps can be too coarse to order quick uses.
+    now = time.time_ns()
+    os.utime(path, ns=(now, now))
+
+
+class ShardCache:
+    """Whole files under ``root`` (default: the index cache folder's ``shards/``), at most ``max_bytes``."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, max_bytes: int | None = None) -> None:
+        self.root = Path(root) if root is not None else index_cache.cache_root(None) / "shards"
+        self.max_bytes = default_max_bytes() if max_bytes is None else max_bytes
+
+    def path_for(self, key: str) -> Path:
+        return self.root / (hashlib.blake2b(key.encode(), digest_size=16).hexdigest() + ".bin")
+
+    def get(self, key: str, make: Callable[[IO[bytes]], None]) -> Path:
+        """The entry for ``key``, made by ``make(file)`` when missing. Returns a path that exists now."""
+        path = self.path_for(key)
+        for _ in range(3):
+            try:
+                _touch(path)  # a hit: most recently used
+                return path
+            except FileNotFoundError:
+                pass
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".bin")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    make(f)
+                os.chmod(tmp, 0o644)
+                _touch(tmp)
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+            self._evict(keep=path)
+            if path.exists():
+                return path
+        return path
+
+    def _evict(self, keep: Path) -> None:
+        entries = []
+        for p in self.root.glob("*.bin"):
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            entries.append((st.st_mtime, st.st_size, p))
+        total = sum(size for _, size, _ in entries)
+        for _, size, p in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            if p == keep:
+                continue
+            try:
+                p.unlink()  # an open reader keeps its data (POSIX)
+                total -= size
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,192 @@
+"""A source made of many files: their documents end to end, in sorted file order.
+
+Global document ``i`` is document ``i - starts[f]`` of file ``f``, found by a
+binary search of the prefix sums of the files' document counts. Files are
+opened on first use (from a manifest, start-up touches none of them), and may be
+empty. The fingerprint covers the file set: every file's name, size and content
+sample, grouped into at most ``BUCKETS`` digests, each naming its first and last
+file, so an added, removed or changed shard is refused at restore naming where.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from zephon_core.errors import DataError
+from zephon_core.sources import manifest
+from zephon_core.sources.base import Source, default_name, gather_index
+from zephon_core.sources.files import Access, FileStat, list_files
+from zephon_core.sources.manifest import ShardMeta
+
+BUCKETS = 64
+SCAN_THREADS = 16
+LAYOUT = "files/v1"  # the many-file part of a source's definition; bump when it changes
+
+
+def file_set_fingerprint(metas: Sequence[ShardMeta]) -> dict[str, Any]:
+    """The identity of a set of files, in at most ``BUCKETS`` named digests (paths left out: a corpus may move)."""
+    per = max(1, -(-len(metas) // BUCKETS))
+    buckets = []
+    for a in range(0, len(metas), per):
+        group = metas[a : a + per]
+        h = hashlib.blake2b(digest_size=8)
+        for m in group:
+            h.update(f"{m.name}\x1f{m.size}\x1f{m.sample_blake2b}\x1f{m.documents}\n".encode())
+        buckets.append([group[0].name, group[-1].name, h.hexdigest()])
+    return {"layout": LAYOUT, "files": len(metas), "documents": sum(m.documents for m in metas), "buckets": buckets}
+
+
+def scan_in_parallel(count: int, scan: Callable[[int], Any], progress: Callable[[int], None] | None = None) -> list[Any]:
+    """``[scan(i) for i in range(count)]`` on up to ``SCAN_THREADS`` threads (I/O-bound on object stores), in order."""
+    if count <= 1:
+        out = [scan(i) for i in range(count)]
+        if progress and count:
+            progress(1)
+        return out
+    with ThreadPoolExecutor(min(SCAN_THREADS, count), thread_name_prefix="zephon-scan") as pool:
+        futures = [pool.submit(scan, i) for i in range(count)]
+        results = []
+        for f in futures:
+            results.append(f.result())
+            if progress:
+                progress(len(results))
+    return results
+
+
+class ShardedSource(Source):
+    """Documents of one or many files end to end, in sorted file order.
+
+    A format subclass sets ``kind`` and ``suffixes`` and defines
+    ``open_file(url, meta, single)`` (one file as a single-file source, ``meta``
+    from a manifest when there is one) and ``manifest_options()`` (its settings
+    that a manifest must have been built with).
+    """
+
+    kind: str
+    suffixes: tuple[str, ...]
+
+    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> Source:
+        raise NotImplementedError
+
+    def manifest_options(self) -> dict[str, Any]:
+        return {}
+
+    def meta_of(self, st: FileStat, opened: Source) -> ShardMeta:
+        """A file's manifest entry, from the opened file."""
+        fp = opened.fingerprint()
+        return ShardMeta(self.files.name(st), st.size, len(opened), str(fp["sample_blake2b"]), st.etag, st.mtime)
+
+    def _init_files(self, path: str | Sequence[str], name: str | None, storage_options: dict[str, Any] | None, access: Access) -> None:
+        self.path, self.access, self.storage_options = path, access, storage_options
+        self.files = files = list_files(path, self.suffixes, storage_options)
+        where = str(path) if isinstance(path, str) else f"{len(files.files)} files under {files.root}"
+        opened: list[Source | None] = [None] * len(files.files)
+        if not files.expanded:
+            opened[0] = only = self.open_file(files.url(files.files[0]), None, True, files.files[0])
+            self.metas = [self.meta_of(files.files[0], only)]
+            self._fingerprint = only.fingerprint()  # a single file keeps the single-file fingerprint
+            self.name = name or only.name
+        else:
+            metas = manifest.read_manifest(files, self.kind, self.manifest_options()) if access.manifest else None
+            if metas is None:
+                def scan(f: int) -> tuple[ShardMeta, Source]:
+                    st = files.files[f]
+                    one = self.open_file(files.url(st), None, False, st)
+                    return self.meta_of(st, one), one
+
+                total = len(files.files)
+                report = (lambda done: access.progress(done, total)) if access.progress else None  # type: ignore[misc]
+                scanned = scan_in_parallel(total, scan, report)
+                metas, opened = [m for m, _ in scanned], [s for _, s in scanned]
+            self.metas = metas
+            self._fingerprint = {"kind": self.kind, **self.manifest_options(), **file_set_fingerprint(metas)}
+            self.name = name or default_name(files.root or where)
+        self._files = opened
+        self._lock = threading.Lock()
+        self._starts = np.zeros(len(self.metas) + 1, dtype=np.int64)
+        np.cumsum([m.documents for m in self.metas], out=self._starts[1:])
+        if self._starts[-1] == 0:
+            raise DataError(f"{where}: source has no documents (in {len(self.metas)} file(s))")
+
+    def fingerprint(self) -> dict[str, Any]:
+        return dict(self._fingerprint)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def file(self, f: int) -> Source:
+        """File ``f`` as a single-file source (opened once, on first use)."""
+        opened = self._files[f]
+        if opened is None:
+            with self._lock:
+                opened = self._files[f]
+                if opened is None:
+                    opened = self.open_file(self.files.url(self.files.files[f]), self.metas[f], False, self.files.files[f])
+                    if len(opened) != self.metas[f].documents:
+                        raise DataError(f"{self.metas[f].name}: {len(opened)} documents, but the source's index says "
+                                        f"{self.metas[f].documents}; rebuild the manifest (zephon index)")
+                    self._files[f] = opened
+        return opened
+
+    def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """File number and document within it of each global document index."""
+        f = np.searchsorted(self._starts, indices, side="right") - 1
+        return f, indices - self._starts[f]
+
+    def read(self, indices: Sequence[int]) -> list[Any]:
+        idx = np.asarray(indices, dtype=np.int64)
+        files, local = self.locate(idx)
+        out: list[Any] = [None] * len(idx)
+        for f in np.unique(files):
+            where = np.flatnonzero(files == f)
+            for j, doc in zip(where, self.file(int(f)).read(local[where].tolist())):
+                out[int(j)] = doc
+        return out
+
+    def _per_document(self, what: str) -> np.ndarray | None:
+        """Every file's ``token_lengths`` or ``byte_lengths`` end to end (None unless every file knows them).
+
+        Opens every file (in parallel): only token-weighted curricula ask.
+        """
+        parts = scan_in_parallel(len(self.metas), lambda f: getattr(self.file(f), what)())
+        if any(p is None for p in parts):
+            return None
+        return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+
+    def token_lengths(self) -> np.ndarray | None:
+        return self._per_document("token_lengths")
+
+    def byte_lengths(self) -> np.ndarray | None:
+        return self._per_document("byte_lengths")
+
+    def describe(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {len(self.metas)} file(s), {len(self)} documents)"
+
+
+class FlatShardedSource(ShardedSource):
+    """A many-file pretokenized source: ``read_flat`` gathers from each file's ``read_flat``."""
+
+    def read_flat(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.asarray(indices, dtype=np.int64)
+        files, local = self.locate(idx)
+        kinds = np.unique(files)
+        if len(kinds) == 1:
+            return self.file(int(kinds[0])).read_flat(local)  # type: ignore[attr-defined]
+        lengths = np.zeros(len(idx), dtype=np.int64)
+        parts = []
+        for f in kinds:
+            where = np.flatnonzero(files == f)
+            part, part_len = self.file(int(f)).read_flat(local[where])  # type: ignore[attr-defined]
+            lengths[where] = part_len
+            parts.append((where, part, part_len))
+        tokens = np.empty(int(lengths.sum()), dtype=np.int64)
+        starts = np.cumsum(lengths) - lengths
+        for where, part, part_len in parts:
+            tokens[gather_index(starts[where], part_len)] = part
+        return tokens, lengths

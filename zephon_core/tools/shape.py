@@ -1,0 +1,115 @@
+"""How the command line builds a pipeline from any recipe, standalone or training.
+
+A ``[standalone]`` recipe names its tokenizer, ``seq_len`` and batch size; a
+training recipe leaves them to the framework, so the command line takes them
+as ``--tokenizer``, ``--seq-len`` and ``--batch-size``, and ``--framework``
+says whose conventions to follow, so that ``zephon trace`` prints the digests
+that framework's run logs:
+
+============  ======================================  =========================  ===================================
+framework     special tokens around each document     ``--seq-len`` default      ``--batch-size`` default
+============  ======================================  =========================  ===================================
+torchtitan    BOS and EOS (``tokenizer_config.json``)  2048 (``training.seq_len``)  8 (``training.local_batch_size``)
+megatron      EOD only (the config's ``eos_token``)    none (``--seq-length``)     none (``--micro-batch-size``)
+============  ======================================  =========================  ===================================
+
+``--tokenizer`` is what the run's tokenizer reads: a ``tokenizer.json`` or its
+folder (TorchTitan's ``hf_assets_path``, Megatron's ``--tokenizer-model`` with
+``--tokenizer-type HuggingFaceTokenizer``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from zephon_core.errors import ConfigError
+from zephon_core.lane.tokenizer_file import load_tokenizer, special_token_ids
+from zephon_core.pipeline import Pipeline
+from zephon_core.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Convention:
+    """What a framework's adapter adds around documents, and its default sizes (None: the framework has none)."""
+
+    bos: bool
+    seq_len: int | None
+    batch_size: int | None
+    seq_len_flag: str
+    batch_size_flag: str
+    tokenizer_flag: str
+
+
+FRAMEWORKS = {
+    "torchtitan": Convention(bos=True, seq_len=2048, batch_size=8, seq_len_flag="training.seq_len",
+                             batch_size_flag="training.local_batch_size", tokenizer_flag="hf_assets_path"),
+    "megatron": Convention(bos=False, seq_len=None, batch_size=None, seq_len_flag="--seq-length",
+                           batch_size_flag="--micro-batch-size", tokenizer_flag="--tokenizer-model"),
+}
+
+
+def add_shape_options(p: argparse.ArgumentParser) -> None:
+    """``--framework``, ``--tokenizer``, ``--seq-len`` and ``--batch-size`` for a command that builds a pipeline."""
+    g = p.add_argument_group("the run's shape", "a [standalone] recipe has its own (these override it); for a training recipe, "
+                             "give them as the run has them (docs/cli.md)")
+    g.add_argument("--framework", choices=sorted(FRAMEWORKS), help="tokenize and default the sizes as this framework's adapter does")
+    g.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or its folder (TorchTitan's hf_assets_path, Megatron's --tokenizer-model)")
+    g.add_argument("--seq-len", type=int, help="tokens per row (training.seq_len, --seq-length)")
+    g.add_argument("--batch-size", type=int, help="rows per batch (training.local_batch_size, --micro-batch-size)")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the command line was told about the run (None: not given)."""
+
+    tokenizer: str | None = None
+    seq_len: int | None = None
+    batch_size: int | None = None
+    framework: str | None = None
+
+
+def build(recipe: Recipe, shape: Shape, **options: Any) -> Pipeline:
+    """The pipeline ``recipe`` defines for the run ``shape`` describes; ``options`` go to ``Pipeline.options``."""
+    if recipe.spec.standalone is not None and shape.framework is None:
+        return _standalone(recipe, shape, options)
+    return _training(recipe, shape, options)
+
+
+def _standalone(recipe: Recipe, shape: Shape, options: dict[str, Any]) -> Pipeline:
+    st = recipe.spec.standalone
+    assert st is not None
+    tokenizer = None
+    if not recipe.pretokenized:
+        path = shape.tokenizer or (recipe.resolve(st.tokenizer) if st.tokenizer else None)
+        if path is None:
+            raise ConfigError(f"{recipe.path}: standalone.tokenizer: text sources need a tokenizer; set it, or pass --tokenizer")
+        tokenizer = load_tokenizer(path, "--tokenizer" if shape.tokenizer else f"{recipe.path}: standalone.tokenizer")
+    return recipe.build(seq_len=shape.seq_len or st.seq_len, batch_size=shape.batch_size or st.batch_size, tokenizer=tokenizer,
+                        bos_id=st.bos_id, eos_id=st.eos_id, **options)
+
+
+def _training(recipe: Recipe, shape: Shape, options: dict[str, Any]) -> Pipeline:
+    if shape.framework is None:
+        raise ConfigError(
+            f"{recipe.path} is a training recipe (no [standalone]): pass --framework torchtitan or --framework megatron "
+            "(whose tokenization and default sizes to follow), with --tokenizer, --seq-len and --batch-size as the run has them"
+        )
+    conv = FRAMEWORKS[shape.framework]
+    seq_len = shape.seq_len or conv.seq_len
+    batch_size = shape.batch_size or conv.batch_size
+    missing = [f"--seq-len (the run's {conv.seq_len_flag})"] if seq_len is None else []
+    missing += [f"--batch-size (the run's {conv.batch_size_flag})"] if batch_size is None else []
+    if not recipe.pretokenized and not shape.tokenizer:
+        missing.insert(0, f"--tokenizer (the run's {conv.tokenizer_flag}: a tokenizer.json or its folder)")
+    if missing:
+        raise ConfigError(f"{recipe.path}: {shape.framework} has no default for this; pass {', '.join(missing)}")
+    assert seq_len is not None and batch_size is not None
+    tokenizer = bos = eos = None
+    if not recipe.pretokenized:
+        assert shape.tokenizer is not None
+        tokenizer = load_tokenizer(shape.tokenizer, "--tokenizer")
+        bos, eos = special_token_ids(shape.tokenizer, tokenizer)
+        bos = bos if conv.bos else None
+    return recipe.build(seq_len=seq_len, batch_size=batch_size, tokenizer=tokenizer, bos_id=bos, eos_id=eos, **options)
