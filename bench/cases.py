@@ -611,9 +611,8 @@ def _agg_rank(base: str, run_id: str, n: int, r: int, state: dict, so: dict, rou
 
         # Trace where a round's time goes (store calls vs sleeping between polls); the
         # wrappers only count and time the calls, they change nothing.
-        for name in ("read", "write", "names", "remove", "read_many"):
-            if hasattr(agg.dir, name):  # read_many: zephon_core from 89d8b7f on
-                setattr(agg.dir, name, timed(name, getattr(agg.dir, name)))
+        for name in ("get", "put", "names", "remove", "get_many"):
+            setattr(agg.dir, name, timed(name, getattr(agg.dir, name)))
         time.sleep = timed("sleep", time.sleep)
         for k in range(rounds):
             barrier.wait()
@@ -636,12 +635,12 @@ def _store_latency(base: str, so: dict, n: int = 15) -> dict:
     from zephon_core.checkpoint.folder import AggregateFolder
 
     d = AggregateFolder(base, "calibration", so)
-    payload = {"x": "y" * 300}
+    payload = json.dumps({"x": "y" * 300}).encode()
     ts: dict[str, list[float]] = {"write (atomic publish)": [], "read": [], "names (list)": [], "remove (1 file)": []}
     for i in range(n):
         for op, fn in (
-            ("write (atomic publish)", lambda: d.write(f"f{i}.json", payload)),
-            ("read", lambda: d.read(f"f{i}.json")),
+            ("write (atomic publish)", lambda: d.put(f"f{i}.json", payload)),
+            ("read", lambda: d.get(f"f{i}.json")),
             ("names (list)", lambda: d.names()),
             ("remove (1 file)", lambda: d.remove([f"f{i}.json"])),
         ):

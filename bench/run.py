@@ -55,7 +55,7 @@ GOALS = {
 }
 
 LOG = None
-OPS = ("names", "read", "read_many", "write", "remove", "sleep")
+OPS = ("names", "get", "get_many", "put", "remove", "sleep")
 # P4 backends: results.json key -> label. "s3" is moto's server (the tests' one; a single Python
 # process, so its CPU cost is in the numbers), "s3rver" a node S3 server (bench/run.sh installs it).
 P4_BACKENDS = {"local": "local", "s3": "s3 (moto)", "s3rver": "s3 (s3rver)"}
