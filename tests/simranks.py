@@ -11,6 +11,7 @@ merged state shows which step each lane came from. bench/aggregate_scale.py is t
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -40,6 +41,11 @@ class SimRanks:
         self.layout = layout or mesh(tp=world_size // dp)
         self.defn = definition()
         self.aggs = [Aggregator(agg_dir, run_id, world_size, r, timeout_s, dict(storage_options or {}), fan_in=fan_in) for r in range(world_size)]
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """Every rank's ``aggregate_timeout_s`` from now on (a failing round need not wait as long as a first one takes)."""
+        for a in self.aggs:
+            a.me = dataclasses.replace(a.me, timeout_s=timeout_s)
 
     def group(self, rank: int) -> int:
         return self.layout(rank, self.dp)

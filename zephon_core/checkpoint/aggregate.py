@@ -69,6 +69,7 @@ class Aggregator:
         fan_in = fan_in or tree.FAN_IN  # looked up now: tests of small worlds lower it for every rank of a run
         self.me = Member(AggregateFolder(aggregate_dir, run_id, storage_options), global_rank, world_size, timeout_s, fan_in)
         self.next: Round | None = None  # announced by the last merged state (or the round a failed checkpoint was in)
+        self.failed = False  # the last checkpoint failed in ``next``
         self.expect = Expectation()
         self.leader = LeaderMemory()
         self.rounds = 0
@@ -88,10 +89,12 @@ class Aggregator:
                 self.next = None  # a failed round's token is never used again: the next one is opened afresh
                 raise
             return state
-        follower = FollowerRound(self.me, local_state, self.next, self.expect)
+        follower = FollowerRound(self.me, local_state, self.next, self.expect, self.failed)
         try:
             state, self.next = follower.run()
         except BaseException:
-            self.next = follower.current  # a retry goes on where this one stopped: the leader sends it on from there
+            # A retry waits where this one stopped, for the leader to send it on to its next round.
+            self.next, self.failed = follower.current, follower.current is not None
             raise
+        self.failed = False
         return state

@@ -54,9 +54,12 @@ class FollowerRound:
         take        check that the merged state carries this rank's lanes unchanged
     """
 
-    def __init__(self, me: Member, local_state: dict[str, Any], known: Round | None, expect: Expectation) -> None:
+    def __init__(self, me: Member, local_state: dict[str, Any], known: Round | None, expect: Expectation, failed_in: bool = False) -> None:
         self.me, self.local_state, self.expect = me, local_state, expect
         self.current = known  # the round this rank is in; kept by the Aggregator when the checkpoint fails
+        # The last checkpoint failed in ``known``: it is over (the leader failed it too, or will), so a retry only
+        # waits there for the note that sends it on, instead of merging anew what other ranks left in it.
+        self.failed_in = failed_in
         self.deadline = now() + me.timeout_s + GRACE_S
 
     def run(self) -> tuple[dict[str, Any], Round]:
@@ -65,7 +68,9 @@ class FollowerRound:
             self.current = rnd
             self.deadline = max(self.deadline, now() + self.me.timeout_s + GRACE_S)
             try:
-                self.contribute(rnd)
+                if not self.failed_in:
+                    self.contribute(rnd)
+                self.failed_in = False
                 joined = now()
                 outcome = self.wait(rnd, joined)
             except RoundReplaced as e:  # while merging the parts below it

@@ -45,20 +45,19 @@ class Subtree:
     """A node's merge so far: the merged state (and its lanes), and while every rank writes, the strides that fit all its ranks."""
 
     state: dict[str, Any]
-    lanes: dict[int, LaneState]
+    lanes: dict[int, LaneState] | None  # parsed when first merged (a writer that merges nothing never needs them)
     strides: dict[str, Any] | None
 
 
 def leaf(local_state: dict[str, Any], rnd: Round) -> Subtree:
     """A writer's own contribution; while every rank writes, with the strides that would place it where it is."""
-    lanes = parse_lanes(local_state)
     if rnd.writers.stride is not None:
-        return Subtree(local_state, lanes, None)
+        return Subtree(local_state, None, None)
     topo = local_state["topology"]
     G, g, r = topo.get("dp_degree"), topo.get("dp_group_id"), topo.get("global_rank")
     if not (isinstance(G, int) and isinstance(g, int) and isinstance(r, int)):
-        return Subtree(local_state, lanes, {"groups": 0, "candidates": []})
-    return Subtree(local_state, lanes, {"groups": G, "candidates": strides_of(r, g, G, rnd.writers.world_size)})
+        return Subtree(local_state, None, {"groups": 0, "candidates": []})
+    return Subtree(local_state, None, {"groups": G, "candidates": strides_of(r, g, G, rnd.writers.world_size)})
 
 
 class PartsMissing(Exception):
@@ -115,7 +114,7 @@ class Gatherer:
         w, S, F = self.rnd.writers, self.tree.slots, self.tree.fan_in
         firsts = [self.slot, *sorted(parts)]
         states = [acc.state] + [parts[c].state or {} for c in firsts[1:]]
-        lanes = [acc.lanes] + [parts[c].lanes for c in firsts[1:]]
+        lanes = [acc.lanes if acc.lanes is not None else parse_lanes(acc.state)] + [parts[c].lanes for c in firsts[1:]]
         labels = [span_label(w, level - 1, c, S, F) for c in firsts]
         try:
             state, merged = merge_parsed(states, lanes, world_size=self.me.world_size, labels=labels)
@@ -195,14 +194,20 @@ class Gatherer:
             raise AggregationError(f"{where}: global rank {expected} holds lanes other than those of dp group {g} of {G}")
 
 
-def account_for(me: Member, rnd: Round, missing: PartsMissing, budget: int = 4096) -> str:
-    """Why the leader's round did not complete: which writers never wrote, which merging writers never finished."""
+def account_for(me: Member, rnd: Round, missing: PartsMissing, top: int, budget: int = 4096) -> str:
+    """Why the leader's round did not complete: which writers never wrote, which merging writers never finished.
+
+    ``missing`` is what the leader waited for when its time ran out; the nodes of the
+    levels above (up to ``top``), which it had not looked at yet, are examined too.
+    """
     tree, w, d = me.tree(rnd.writers), rnd.writers, me.folder
     absent: list[int] = []
     stuck: list[tuple[int, int]] = []
     notes: list[str] = []
-    frontier = [(missing.level, c) for c in missing.slots]
-    seen = dict(missing.seen)
+    later = [(level - 1, c) for level in range(missing.level + 2, top + 1) for c in tree.children(level, 0)]
+    blobs = d.get_many([part_file(w.rank_of(c)) for _, c in later])
+    seen = {**missing.seen, **{c: blobs.get(part_file(w.rank_of(c))) for _, c in later}}
+    frontier = [(missing.level, c) for c in missing.slots] + [(lv, c) for lv, c in later if _no_part(seen[c], d, rnd, lv, c)]
     while frontier:
         for _, c in frontier:
             why = why_not_a_part(seen.get(c), rnd)

@@ -11,7 +11,7 @@ from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, Subtre
 from zephon_core.checkpoint.merge import merge_parsed
 from zephon_core.checkpoint.names import ROUND_FILE, TMP_PREFIX, merged_file, new_token, rank_of_part
 from zephon_core.checkpoint.records import Round, decode_round, encode_merged, encode_moved, encode_round
-from zephon_core.checkpoint.state import canonical_json
+from zephon_core.checkpoint.state import canonical_json, parse_lanes
 from zephon_core.checkpoint.tree import Writers
 from zephon_core.errors import AggregationError
 
@@ -48,9 +48,10 @@ class LeaderRound:
             try:
                 top = Gatherer(self.me, rnd, 0, self.deadline, watch_moved=False).run(leaf(local_state, rnd), tree.depth)
             except PartsMissing as m:
-                raise AggregationError(account_for(self.me, rnd, m)) from None
+                raise AggregationError(account_for(self.me, rnd, m, tree.depth)) from None
             if tree.depth == 0:  # the leader alone writes: its own state, as every merge leaves it
-                state, lanes = merge_parsed([top.state], [top.lanes], world_size=self.me.world_size, labels=["global rank 0"])
+                own = top.lanes if top.lanes is not None else parse_lanes(top.state)
+                state, lanes = merge_parsed([top.state], [own], world_size=self.me.world_size, labels=["global rank 0"])
                 top = Subtree(state, lanes, top.strides)
             state_json, following = self.finish(rnd, top)
             self.publish(rnd, via_file, state_json, following)
