@@ -6,9 +6,11 @@
 
 Ranks are laid out as TorchTitan lays out its mesh (``pp, dp, cp, tp``, tp
 innermost): global rank ``((pp_i * dp + g) * cp + cp_i) * tp + tp_i`` is in dp
-group ``g``; ``canonical_replicas`` defaults to dp. ``--mode threads`` runs the
-ranks as threads of ``--processes`` forked processes (round-robin); ``processes``
-forks one process per rank. Every round starts when all ranks are ready (as after
+group ``g``; ``canonical_replicas`` defaults to dp. ``--mode tasks`` (the default)
+runs the ranks as asyncio tasks of ``--processes`` forked processes (round-robin),
+each task driving its Aggregator's steps (``Aggregator.steps``) with its file
+operations inline; ``threads`` runs a thread per rank instead (needed on s3, whose
+requests block); ``processes`` forks one process per rank. Every round starts when all ranks are ready (as after
 a training step's collective); its latency is the last rank's return minus the
 first rank's call. Each rank's folder operations and bytes are counted with
 ``fsops.count``; on s3 the server also counts the requests it served. Prints one
@@ -19,6 +21,7 @@ asserted (a 2-core machine runs 16,384 ranks' Python on 2 cores).
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import multiprocessing as mp
@@ -70,8 +73,13 @@ class SimRank:
     def __init__(self, rank: int, a: argparse.Namespace, base: str, so: dict[str, Any]) -> None:
         self.rank = rank
         self.agg = Aggregator(base, a.run_id, a.ranks, rank, a.timeout, so, fan_in=a.fan_in)
+        if a.follow_budget:
+            import dataclasses
+
+            self.agg.dir.pacing = dataclasses.replace(self.agg.dir.pacing, follow_budget=a.follow_budget)
         self.ops = count(self.agg.dir)
         self.state: dict[str, Any] | None = None
+        self.merged: dict[str, Any] | None = None
         self.out: dict[str, Any] = {}
 
     def round(self) -> None:
@@ -83,31 +91,85 @@ class SimRank:
             err = None
         except Exception as e:  # reported, never hangs the harness
             merged, err = None, f"{type(e).__name__}: {e}"
+        self.done(t0, merged, err)
+
+    async def round_async(self) -> None:
+        """The same round as an asyncio task: the Aggregator's steps, its pauses awaited."""
+        import asyncio
+
+        assert self.state is not None
+        self.ops.reset()
+        t0 = time.monotonic()
+        steps = self.agg.steps(self.state)
+        merged, err = None, None
+        try:
+            while True:
+                await asyncio.sleep(next(steps))
+        except StopIteration as finished:
+            merged = finished.value
+        except Exception as e:  # reported, never hangs the harness
+            err = f"{type(e).__name__}: {e}"
+        self.done(t0, merged, err)
+
+    def done(self, t0: float, merged: dict[str, Any] | None, err: str | None) -> None:
         t1 = time.monotonic()
         wrote = self.ops.by_kind["put"] + self.ops.by_kind["rename"] > 0
-        digest = hashlib.sha256(canonical_json(merged).encode()).hexdigest()[:16] if merged else None
-        delivered = sorted({v["delivered"] for v in merged["lanes"].values()}) if merged else None
-        self.out = {"rank": self.rank, "t0": t0, "t1": t1, "error": err, "ops": self.ops.as_dict(), "wrote": wrote,
-                    "digest": digest, "lanes": len(merged["lanes"]) if merged else 0, "delivered": delivered}
+        self.merged = merged  # checked once every rank of the process is done, so as not to slow the others down
+        self.out = {"rank": self.rank, "t0": t0, "t1": t1, "error": err, "ops": self.ops.as_dict(), "wrote": wrote}
+
+    def check(self) -> None:
+        merged, self.merged = self.merged, None
+        self.out.update(digest=hashlib.sha256(canonical_json(merged).encode()).hexdigest()[:16] if merged else None,
+                        lanes=len(merged["lanes"]) if merged else 0,
+                        delivered=sorted({v["delivered"] for v in merged["lanes"].values()}) if merged else None)
+
+
+def run_threads(sims: list[SimRank], barrier: Any) -> float:
+    """One round, a thread per rank; returns the CPU seconds the process used."""
+    go = threading.Event()
+    threads = [threading.Thread(target=lambda s=s: (go.wait(), s.round())) for s in sims]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    cpu = time.process_time()
+    go.set()
+    for t in threads:
+        t.join()
+    return time.process_time() - cpu
+
+
+def run_tasks(sims: list[SimRank], barrier: Any) -> float:
+    """One round, an asyncio task per rank (its file operations run inline: on a local folder they take microseconds)."""
+    import asyncio
+
+    async def everyone() -> None:
+        await asyncio.gather(*(s.round_async() for s in sims))
+
+    barrier.wait()
+    cpu = time.process_time()
+    asyncio.run(everyone())
+    return time.process_time() - cpu
 
 
 def worker(ranks: list[int], a: argparse.Namespace, base: str, so: dict[str, Any], defn: dict[str, Any], barrier: Any, q: Any) -> None:
     try:
         threading.stack_size(512 * 1024)
+        # Hundreds of threads waiting for the GIL each wake at every switch interval to ask for it: at
+        # the default 5 ms that spinning, not the ranks' work, would use most of the CPU. The ranks
+        # release the GIL at every file operation and sleep anyway.
+        sys.setswitchinterval(a.switch_interval)
         sims = [SimRank(r, a, base, so) for r in ranks]
         for k in range(a.rounds):
             for s in sims:
                 s.state = local_state(defn, s.rank, k + 1, a)
-            go = threading.Event()
-            threads = [threading.Thread(target=lambda s=s: (go.wait(), s.round())) for s in sims]
-            for t in threads:
-                t.start()
-            barrier.wait()
-            cpu = time.process_time()
-            go.set()
-            for t in threads:
-                t.join()
-            cpu = time.process_time() - cpu
+            # Thousands of ranks' states in one process would have the cyclic garbage collector scan them
+            # again and again during the round; one rank's process holds one. Nothing here makes cycles.
+            gc.collect()
+            gc.disable()
+            cpu = (run_tasks if a.mode == "tasks" else run_threads)(sims, barrier)
+            gc.enable()
+            for s in sims:
+                s.check()
             q.put([{**s.out, "cpu_s": cpu if n == 0 else 0.0} for n, s in enumerate(sims)])
     except BaseException as e:  # reported, never hangs the parent
         q.put([{"rank": -1, "error": repr(e)}])
@@ -129,8 +191,12 @@ def summarize(k: int, outs: list[dict[str, Any]], server_counts: dict[str, int] 
             kinds[kind] = kinds.get(kind, 0) + n
         for f, n in o["ops"]["by_file"].items():
             files[f] = files.get(f, 0) + n
+    start = min(o["t0"] for o in outs)
+    ends = sorted(o["t1"] - start for o in outs)
     res.update(
-        latency_s=max(o["t1"] for o in outs) - min(o["t0"] for o in outs), cpu_s=sum(o.get("cpu_s", 0.0) for o in outs),
+        latency_s=ends[-1], cpu_s=sum(o.get("cpu_s", 0.0) for o in outs),
+        leader_s=next(o["t1"] for o in outs if o["rank"] == 0) - start, returns_p50_s=ends[len(ends) // 2],
+        arrivals_s=max(o["t0"] for o in outs) - start,
         writers=sum(o["wrote"] for o in outs),
         ops_per_rank_mean=statistics.fmean(ops), ops_per_rank_max=max(ops), ops_by_kind_per_rank={kd: n / a.ranks for kd, n in sorted(kinds.items())},
         ops_by_file_per_rank={f: n / a.ranks for f, n in sorted(files.items())},
@@ -144,6 +210,9 @@ def summarize(k: int, outs: list[dict[str, Any]], server_counts: dict[str, int] 
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
+    if a.mode == "auto":
+        a.mode = "threads" if a.backend == "s3" else "tasks"
+    assert not (a.mode == "tasks" and a.backend == "s3"), "s3 requests block: run its ranks as threads"
     a.dp = a.ranks // (a.tp * a.pp * a.cp)
     assert a.dp * a.tp * a.pp * a.cp == a.ranks, "ranks must be tp * pp * cp * dp"
     a.lanes = a.lanes or a.dp
@@ -163,8 +232,6 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     shards = [list(range(p, a.ranks, nproc)) for p in range(nproc)]
     ctx = mp.get_context("fork")
     barrier, q = ctx.Barrier(nproc + 1), ctx.SimpleQueue()
-    import gc
-
     gc.collect()
     gc.freeze()  # forked children share the parent's objects instead of copying them on first touch
     procs = [ctx.Process(target=worker, args=(s, a, base, so, defn, barrier, q), daemon=True) for s in shards]
@@ -202,10 +269,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lanes", type=int, default=0, help="canonical_replicas (default: the dp degree)")
     ap.add_argument("--backend", choices=["local", "s3"], default="local")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="delay the S3 server adds to every request")
-    ap.add_argument("--mode", choices=["threads", "processes"], default="threads")
-    ap.add_argument("--processes", type=int, default=4, help="processes the threads are spread over (--mode threads)")
+    ap.add_argument("--mode", choices=["auto", "tasks", "threads", "processes"], default="auto",
+                    help="auto: tasks on a local folder, threads on s3")
+    ap.add_argument("--processes", type=int, default=4, help="processes the ranks are spread over (--mode tasks or threads)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fan-in", type=int, default=16)
+    ap.add_argument("--follow-budget", type=float, default=0.0, help="override Pacing.follow_budget (looks a second, all ranks)")
+    ap.add_argument("--switch-interval", type=float, default=0.1, help="sys.setswitchinterval of the processes of threads")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--dir", default=None, help="the aggregate folder (local backend); default bench/.work/aggregate-scale")
     return ap.parse_args(argv)
@@ -221,7 +291,8 @@ def report(res: dict[str, Any]) -> str:
             lines.append(f"  round {r['round']}: {r['error_count']} errors, e.g. {r['errors'][:1]}")
             continue
         srv = r.get("server_requests_per_rank")
-        lines.append(f"  round {r['round']}: {r['latency_s']:.2f} s (CPU {r['cpu_s']:.1f} s), {r['writers']} writers, {r['ops_per_rank_mean']:.2f} metadata ops/rank "
+        lines.append(f"  round {r['round']}: {r['latency_s']:.2f} s (CPU {r['cpu_s']:.1f} s; all called by {r['arrivals_s']:.2f} s, "
+                     f"leader done {r['leader_s']:.2f} s, half the ranks {r['returns_p50_s']:.2f} s), {r['writers']} writers, {r['ops_per_rank_mean']:.2f} metadata ops/rank "
                      f"(max {r['ops_per_rank_max']}), {r['bytes_read_per_rank']:.0f} B read + {r['bytes_written_per_rank']:.0f} B written /rank, "
                      f"identical={r['identical']}" + (f", server: {srv.get('requests', 0):.2f} requests/rank" if srv else ""))
     return "\n".join(lines)

@@ -139,7 +139,7 @@ def main() -> int:
     orig_await = gather.Gatherer.await_parts
 
     def await_parts(self, level, kids):
-        got = orig_await(self, level, kids)
+        got = yield from orig_await(self, level, kids)
         if armed("kill_before_part_merge"):
             die()
         return got

@@ -51,12 +51,13 @@ depends on it.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from zephon_core.checkpoint import tree
 from zephon_core.checkpoint.folder import AggregateFolder
 from zephon_core.checkpoint.follower import Expectation, FollowerRound
-from zephon_core.checkpoint.gather import Member
+from zephon_core.checkpoint.gather import Member, Steps
 from zephon_core.checkpoint.leader import LeaderMemory, LeaderRound
 from zephon_core.checkpoint.records import Round
 
@@ -79,19 +80,29 @@ class Aggregator:
         return self.me.folder
 
     def checkpoint(self, local_state: dict[str, Any]) -> dict[str, Any]:
+        """This rank's part in one round; the merged state every rank returns."""
+        steps = self.steps(local_state)
+        try:
+            while True:
+                time.sleep(next(steps))
+        except StopIteration as done:
+            return done.value
+
+    def steps(self, local_state: dict[str, Any]) -> Steps[dict[str, Any]]:
+        """``checkpoint`` as steps: it yields how long to pause before each next step (see ``gather.Steps``)."""
         self.rounds += 1
         if self.me.rank == 0:
             try:
                 G = local_state["topology"].get("dp_degree")
                 groups = G if isinstance(G, int) and G >= 1 else self.me.world_size
-                state, self.next = LeaderRound(self.me, self.leader, self.next, groups).run(local_state)
+                state, self.next = yield from LeaderRound(self.me, self.leader, self.next, groups).run(local_state)
             except BaseException:
                 self.next = None  # a failed round's token is never used again: the next one is opened afresh
                 raise
             return state
         follower = FollowerRound(self.me, local_state, self.next, self.expect, self.failed)
         try:
-            state, self.next = follower.run()
+            state, self.next = yield from follower.run()
         except BaseException:
             # A retry waits where this one stopped, for the leader to send it on to its next round.
             self.next, self.failed = follower.current, follower.current is not None

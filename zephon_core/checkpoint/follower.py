@@ -6,7 +6,7 @@ import collections
 import random
 from typing import Any, NoReturn
 
-from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, RoundReplaced, leaf, now, pause, span_label
+from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, RoundReplaced, Steps, leaf, now, pause, span_label
 from zephon_core.checkpoint.names import ROUND_FILE, merged_file, part_file
 from zephon_core.checkpoint.records import Merged, Moved, Round, decode_merged, decode_round, encode_part
 from zephon_core.checkpoint.tree import Writers
@@ -17,30 +17,27 @@ GRACE_S = 5.0
 
 
 class Expectation:
-    """How long the merged state took to appear after this rank contributed, in its last rounds.
+    """When the merged state should appear: how long the leader took in its last rounds with the same writers.
 
-    Only timing: the first look comes a little before the quickest of the last
-    rounds with the same writers, so that most ranks find the merged state at
-    their first or second look; after a change of writers (every rank wrote the
-    last time, now only representatives do) a quarter of the last wait.
+    Only timing. Ranks of one checkpoint call it at about the same time (a training
+    step's collective just ended), so a rank first looks about that long after its
+    own call. After a change of writers (every rank wrote the last time, now only
+    representatives do) there is nothing to go by.
     """
 
     def __init__(self) -> None:
         self.writers: Writers | None = None
-        self.waits: collections.deque[float] = collections.deque(maxlen=3)
+        self.took: collections.deque[float] = collections.deque(maxlen=3)
 
     def first_look(self, writers: Writers) -> float | None:
-        if not self.waits:
-            return None
-        if writers == self.writers:
-            return min(self.waits) * random.uniform(0.7, 0.9)
-        return self.waits[-1] / 4
+        # The quickest of the last rounds: one slow round (a late rank) does not delay the next ones.
+        return min(self.took) if self.took and writers == self.writers else None
 
-    def learn(self, writers: Writers, wait: float) -> None:
+    def learn(self, writers: Writers, took: float) -> None:
         if writers != self.writers:
             self.writers = writers
-            self.waits.clear()
-        self.waits.append(wait)
+            self.took.clear()
+        self.took.append(took)
 
 
 class FollowerRound:
@@ -60,19 +57,19 @@ class FollowerRound:
         # The last checkpoint failed in ``known``: it is over (the leader failed it too, or will), so a retry only
         # waits there for the note that sends it on, instead of merging anew what other ranks left in it.
         self.failed_in = failed_in
-        self.deadline = now() + me.timeout_s + GRACE_S
+        self.called = now()
+        self.deadline = self.called + me.timeout_s + GRACE_S
 
-    def run(self) -> tuple[dict[str, Any], Round]:
-        rnd = self.current or self.find()
+    def run(self) -> Steps[tuple[dict[str, Any], Round]]:
+        rnd = self.current or (yield from self.find())
         while True:
             self.current = rnd
             self.deadline = max(self.deadline, now() + self.me.timeout_s + GRACE_S)
             try:
                 if not self.failed_in:
-                    self.contribute(rnd)
+                    yield from self.contribute(rnd)
                 self.failed_in = False
-                joined = now()
-                outcome = self.wait(rnd, joined)
+                outcome = yield from self.wait(rnd)
             except RoundReplaced as e:  # while merging the parts below it
                 rnd = e.to
                 continue
@@ -80,9 +77,10 @@ class FollowerRound:
                 rnd = outcome.to
                 continue
             self.take(rnd, outcome.state)
+            self.expect.learn(rnd.writers, outcome.took)
             return outcome.state, outcome.following
 
-    def find(self) -> Round:
+    def find(self) -> Steps[Round]:
         d = self.me.folder
         delay = d.pacing.first_s
         while True:
@@ -94,23 +92,24 @@ class FollowerRound:
                     f"checkpoint aggregation timed out after {self.me.timeout_s:g}s: global rank {self.me.rank} waited for the leader "
                     f"(global_rank 0) to open a round in {d.path}; did rank 0 call checkpoint()?"
                 )
-            pause(delay)
-            delay = min(delay * 1.5, self.follow_max_s())
+            yield pause(delay)
+            delay = self.next_delay(delay, 1.5)
 
-    def follow_max_s(self) -> float:
+    def next_delay(self, delay: float, growth: float) -> float:
         p = self.me.folder.pacing
-        return max(p.follow_max_s, self.me.world_size / p.follow_budget)
+        least = self.me.world_size / p.follow_budget
+        return max(least, min(delay * growth, max(p.follow_max_s, least)))
 
-    def contribute(self, rnd: Round) -> None:
+    def contribute(self, rnd: Round) -> Steps[None]:
         w, me, d = rnd.writers, self.me, self.me.folder
         slot = w.slot_of(me.rank)
         if slot is None:  # another rank of this dp group writes for it
-            return
+            return None
         top = me.tree(w).top(slot)
         own = leaf(self.local_state, rnd)
         if top > 0:
             try:
-                own = Gatherer(me, rnd, slot, self.deadline, watch_moved=True).run(own, top)
+                own = yield from Gatherer(me, rnd, slot, self.deadline, watch_moved=True).run(own, top)
             except PartsMissing as m:
                 missing = ", ".join(w.who(c) for c in m.slots)
                 self.fail(rnd, top, slot, f"checkpoint aggregation timed out after {me.timeout_s:g}s in {d.path}: global rank {me.rank}, "
@@ -125,30 +124,29 @@ class FollowerRound:
         self.me.folder.put(part_file(self.me.rank), encode_part(rnd, level, slot, None, None, error=message))
         raise AggregationError(message)
 
-    def wait(self, rnd: Round, joined: float) -> Merged | Moved:
+    def wait(self, rnd: Round) -> Steps[Merged | Moved]:
         d, name = self.me.folder, merged_file(rnd.token)
-        first = self.expect.first_look(rnd.writers)
-        # After a due first look, a few close ones; with nothing to go by, twice as long each time.
-        delay, growth = (max(d.pacing.first_s, 0.2 * first), 1.5) if first is not None else (d.pacing.first_s, 2.0)
-        pause(first if first is not None else d.pacing.first_s)
-        missed: float | None = None
+        due = self.expect.first_look(rnd.writers)
+        # All ranks look within ``spread`` seconds of when the merged state is due, then again at least that
+        # far apart (``Pacing.follow_budget``); after a look when it was due, a few close ones; with nothing to
+        # go by, twice as long each time.
+        spread = self.me.world_size / d.pacing.follow_budget
+        delay, growth = (max(d.pacing.first_s, 0.1 * due), 1.5) if due is not None else (d.pacing.first_s, 2.0)
+        delay = max(delay, spread)
+        first = due - (now() - self.called) if due is not None else d.pacing.first_s
+        yield max(0.0, first) + random.uniform(0.0, spread)
         while True:
             look = now()
             data = d.get(name)
             if data is not None:
-                rec = decode_merged(data, d.file(name), rnd.token, self.me.world_size)
-                if isinstance(rec, Merged):
-                    found = now() - joined
-                    self.expect.learn(rnd.writers, (found + missed - joined) / 2 if missed is not None else 0.6 * found)
-                return rec
-            missed = look
+                return decode_merged(data, d.file(name), rnd.token, self.me.world_size)
             if look > self.deadline:
                 raise AggregationError(
                     f"checkpoint aggregation timed out: global rank {self.me.rank} contributed to round {rnd.token} but the leader "
                     f"published no merged state in {d.path}; see the leader's error"
                 )
-            pause(min(delay, self.deadline - look + 0.01))
-            delay = min(delay * growth, self.follow_max_s())
+            yield pause(min(delay, self.deadline - look + 0.01))
+            delay = self.next_delay(delay, growth)
 
     def take(self, rnd: Round, state: dict[str, Any]) -> None:
         """The merged state must carry this rank's own lanes exactly: a representative stands for its peers only if they agree."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from zephon_core.checkpoint.folder import AggregateFolder
 from zephon_core.checkpoint.merge import merge_parsed
@@ -16,14 +17,21 @@ from zephon_core.checkpoint.tree import Tree, Writers, strides_of
 from zephon_core.errors import AggregationError, StateError
 from zephon_core.lane.assignment import owned_lanes
 
+T = TypeVar("T")
+
+#: A rank's part in a round, step by step: it yields the seconds to pause before its next step and
+#: returns its result. ``Aggregator.checkpoint`` sleeps through the pauses; a simulation of many ranks
+#: can run them as tasks of one event loop (bench/aggregate_scale.py).
+Steps = Generator[float, None, T]
+
 
 def now() -> float:
     return time.monotonic()
 
 
-def pause(seconds: float) -> None:
-    """Sleep, jittered so that ranks that started together do not look at the same instant."""
-    time.sleep(max(0.0, seconds) * random.uniform(0.85, 1.15))
+def pause(seconds: float) -> float:
+    """A pause, jittered so that ranks that started together do not look at the same instant."""
+    return max(0.0, seconds) * random.uniform(0.85, 1.15)
 
 
 @dataclass(frozen=True)
@@ -102,11 +110,11 @@ class Gatherer:
         self.deadline = deadline
         self.watch_moved = watch_moved  # a follower that merges: the leader may replace a failed round
 
-    def run(self, own: Subtree, top: int) -> Subtree:
+    def run(self, own: Subtree, top: int) -> Steps[Subtree]:
         acc = own
         for level in range(1, top + 1):
             kids = self.tree.children(level, self.slot)
-            parts = self.await_parts(level - 1, kids)
+            parts = yield from self.await_parts(level - 1, kids)
             acc = self.merge(level, acc, parts)
         return acc
 
@@ -125,7 +133,7 @@ class Gatherer:
             strides = join_strides(strides, parts[c].strides)
         return Subtree(state, merged, strides)
 
-    def await_parts(self, level: int, kids: list[int]) -> dict[int, Part]:
+    def await_parts(self, level: int, kids: list[int]) -> Steps[dict[int, Part]]:
         """The parts of ``kids`` (first slots of nodes at ``level``), looked for until the deadline.
 
         While parts are missing it looks at one of them only; when that one comes,
@@ -157,7 +165,7 @@ class Gatherer:
             if self.watch_moved and t >= moved_at:
                 self.raise_if_replaced()
                 moved_at = t + d.pacing.moved_check_s
-            pause(min(delay, self.deadline - t))
+            yield pause(min(delay, self.deadline - t))
             delay = min(delay * 1.5, d.pacing.merge_max_s)
 
     def accept(self, part: Part, level: int, slot: int, where: str) -> Part:

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, Subtree, account_for, leaf, now
+from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, Steps, Subtree, account_for, leaf, now
 from zephon_core.checkpoint.merge import merge_parsed
 from zephon_core.checkpoint.names import ROUND_FILE, TMP_PREFIX, merged_file, new_token, rank_of_part
 from zephon_core.checkpoint.records import Round, decode_round, encode_merged, encode_moved, encode_round
@@ -38,15 +38,16 @@ class LeaderRound:
 
     def __init__(self, me: Member, mem: LeaderMemory, announced: Round | None, groups: int) -> None:
         self.me, self.mem = me, mem
-        self.deadline = now() + me.timeout_s
+        self.start = now()
+        self.deadline = self.start + me.timeout_s
         self.announced, self.groups = announced, groups
 
-    def run(self, local_state: dict[str, Any]) -> tuple[dict[str, Any], Round]:
+    def run(self, local_state: dict[str, Any]) -> Steps[tuple[dict[str, Any], Round]]:
         rnd, via_file = self.open()
         try:
             tree = self.me.tree(rnd.writers)
             try:
-                top = Gatherer(self.me, rnd, 0, self.deadline, watch_moved=False).run(leaf(local_state, rnd), tree.depth)
+                top = yield from Gatherer(self.me, rnd, 0, self.deadline, watch_moved=False).run(leaf(local_state, rnd), tree.depth)
             except PartsMissing as m:
                 raise AggregationError(account_for(self.me, rnd, m, tree.depth)) from None
             if tree.depth == 0:  # the leader alone writes: its own state, as every merge leaves it
@@ -120,7 +121,7 @@ class LeaderRound:
         d, mem = self.me.folder, self.mem
         if via_file:  # closed before the merged file exists: a new launch's rank that reads "open" knows none exists yet
             d.put(ROUND_FILE, encode_round(rnd, False))
-        d.put(merged_file(rnd.token), encode_merged(rnd, state_json, following))
+        d.put(merged_file(rnd.token), encode_merged(rnd, state_json, following, now() - self.start))
         # Every reader of an older round has moved to this one (every rank wrote in it), or read its
         # merged file; the last two merged files stay for readers that are a round behind.
         old = [t for t in mem.moved if t != rnd.token]

@@ -99,6 +99,7 @@ def why_not_a_part(data: bytes | None, rnd: Round) -> str:
 class Merged:
     state: dict[str, Any]
     following: Round  # the round the leader announced for the next checkpoint
+    took: float  # seconds from the leader's call to this file: when ranks that call with it may expect the next one
 
 
 @dataclass(frozen=True)
@@ -106,9 +107,10 @@ class Moved:
     to: Round  # the round that replaced this one
 
 
-def encode_merged(rnd: Round, state_json: bytes, following: Round) -> bytes:
+def encode_merged(rnd: Round, state_json: bytes, following: Round, took: float) -> bytes:
     header = {"kind": MERGED, "token": rnd.token, "round": rnd.number, "sha256": hashlib.sha256(state_json).hexdigest(),
-              "next": {"token": following.token, "round": following.number, "writers": following.writers.to_json()}}
+              "next": {"token": following.token, "round": following.number, "writers": following.writers.to_json()},
+              "took": round(took, 4)}
     return canonical_json(header).encode() + b"\n" + state_json
 
 
@@ -136,7 +138,8 @@ def decode_merged(data: bytes, where: str, token: str, world_size: int) -> Merge
     state = _load(body)
     if not isinstance(state, dict):
         raise AggregationError(f"{where}: the merged state is not a JSON object")
-    return Merged(state, _round_ref(rec.get("next"), world_size, where))
+    took = rec.get("took")
+    return Merged(state, _round_ref(rec.get("next"), world_size, where), float(took) if isinstance(took, (int, float)) and took >= 0 else 0.0)
 
 
 # -- round.json ----------------------------------------------------------------

@@ -70,7 +70,7 @@ def test_an_irregular_layout_keeps_every_rank_writing(tmp_path):
 
 def test_a_missing_representative_is_named_and_nothing_is_published(tmp_path):
     W, dp = 32, 4
-    ranks = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, timeout_s=2.0, fan_in=4)
+    ranks = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, timeout_s=5.0, fan_in=4)  # the others arrive in time on a busy machine
     ok(ranks.checkpoint(1), W, 1)
     announced = ranks.aggs[1].next
     got = ranks.checkpoint(2, absent={16})
