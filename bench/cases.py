@@ -803,6 +803,14 @@ def case_aggregate(a: dict) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
+def case_aggregate_scale(a: dict) -> None:
+    """bench/aggregate_scale.py with the command-line arguments ``a["argv"]``: simulated ranks at cluster scale."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import aggregate_scale
+
+    print("RESULT " + json.dumps(aggregate_scale.run(aggregate_scale.parse(a["argv"]))), flush=True)
+
+
 # ----------------------------------------------------------------------------- P5
 def case_state_bytes(a: dict) -> None:
     """Checkpoint JSON bytes as a function of canonical_replicas (lanes)."""
@@ -999,6 +1007,7 @@ CASES = {
     "throughput": case_throughput,
     "restore": case_restore,
     "aggregate": case_aggregate,
+    "aggregate_scale": case_aggregate_scale,
     "state_bytes": case_state_bytes,
     "profile_target": case_profile_target,
     "prepare": case_prepare,

@@ -43,10 +43,14 @@ as a note that sends that round's readers to its own. ``closed`` means the round
 is over: a rank of a new launch waits for round.json to change. A part is taken
 only with this round's token, so nothing of an earlier attempt is merged.
 
-**Waiting.** Only a few merging writers look for parts; every rank looks for
-the merged file once it is due (a little before it appeared in its last rounds),
-then less and less often: see ``folder.Pacing``. Timing only: no step above
-depends on it.
+**Waiting.** Only merging writers look for parts, one missing part at a time.
+Every rank looks for the merged file when it is due (the leader's duration of
+its last rounds with the same writers, in the merged file), all ranks within
+``world_size / follow_budget`` seconds of that, then less and less often and
+never closer than that (``folder.Pacing``, ``follower.Expectation``). Timing
+only: no step above depends on it. A rank's part in a round is written as steps
+(``Aggregator.steps``) that yield their pauses, so that one process can simulate
+thousands of ranks (bench/aggregate_scale.py).
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ class FollowerRound:
         # far apart (``Pacing.follow_budget``); after a look when it was due, a few close ones; with nothing to
         # go by, twice as long each time.
         spread = self.me.world_size / d.pacing.follow_budget
-        delay, growth = (max(d.pacing.first_s, 0.1 * due), 1.5) if due is not None else (d.pacing.first_s, 2.0)
+        delay, growth = (max(d.pacing.first_s, 0.5 * due), 1.5) if due is not None else (d.pacing.first_s, 2.0)
         delay = max(delay, spread)
         first = due - (now() - self.called) if due is not None else d.pacing.first_s
         yield max(0.0, first) + random.uniform(0.0, spread)
