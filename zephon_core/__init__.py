@@ -8,9 +8,11 @@ checkpoint. This package imports no torch.
 from zephon_core.batch import Batch, Cursor, Segment
 from zephon_core.checkpoint.merge import diff_definitions, merge_states
 from zephon_core.curriculum.mixture import StaticMixture
+from zephon_core.curriculum.stages import Stage, StagedMixture
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import AggregationError, ConfigError, DataError, StateError, ZephonError
 from zephon_core.lane.assignment import owned_lanes
+from zephon_core.lane.docops import token_counter
 from zephon_core.pipeline import Pipeline
 from zephon_core.sources import JsonlSource, MegatronIndexedSource, MemorySource, ParquetSource, Source, TokenArraySource
 
@@ -29,6 +31,8 @@ __all__ = [
     "Pipeline",
     "Segment",
     "Source",
+    "Stage",
+    "StagedMixture",
     "StateError",
     "StaticMixture",
     "TokenArraySource",
@@ -37,4 +41,5 @@ __all__ = [
     "diff_definitions",
     "merge_states",
     "owned_lanes",
+    "token_counter",
 ]

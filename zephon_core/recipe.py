@@ -26,6 +26,21 @@
     seq_len = 128
     batch_size = 4
 
+A staged curriculum names its sources and gives the weights per stage
+(``docs/curricula.md``): sources then have no ``weight``.
+
+    weight_by = "tokens"         # or "documents" (the default); a stage may override it
+    global_batch_size = 512      # rows per optimizer step, needed by start_step
+
+    [[stages]]
+    name = "warmup"
+    weights = { web = 0.9, code = 0.1 }
+
+    [[stages]]
+    name = "anneal"
+    start_step = 90000           # or start_tokens = ...
+    weights = { web = 0.4, code = 0.3, math = 0.3 }
+
 The schema is an OmegaConf structured config: an unknown key, a wrong type or
 a missing value is an error that names the file and the key.
 """
@@ -39,7 +54,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from zephon_core.curriculum.mixture import EXHAUSTION_POLICIES, StaticMixture
+from zephon_core.curriculum.stages import WEIGHT_BY, Stage, StagedMixture, check_stages
+from zephon_core.curriculum.token_index import TokenCounter
+from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError
+from zephon_core.lane.docops import token_counter
 from zephon_core.lane.ops import PACK_MODES, RUNNERS
 from zephon_core.lane.tokenizer_file import load_tokenizer
 from zephon_core.pipeline import Pipeline
@@ -92,8 +111,20 @@ class StandaloneSpec:
 
 
 @dataclass
+class StageSpec:
+    name: str = "???"
+    weights: dict[str, float] = field(default_factory=dict)
+    start_tokens: Optional[int] = None
+    start_step: Optional[int] = None
+    weight_by: Optional[str] = None  # default: the recipe's weight_by
+
+
+@dataclass
 class RecipeSpec:
     sources: list[SourceSpec] = field(default_factory=list)
+    stages: list[StageSpec] = field(default_factory=list)
+    weight_by: str = "documents"
+    global_batch_size: Optional[int] = None
     seed: int = 0
     chunk_size: int = 64
     exhausted: str = "repeat"
@@ -140,6 +171,7 @@ class Recipe:
             kinds.add("text" if src.format in TEXT_FORMATS else "tokens")
         if len(kinds) > 1:
             raise self._err("sources", "mixes text and pretokenized sources; use one kind per recipe")
+        self._check_stages()
         require_choice(s.exhausted, f"{self.path}: exhausted", EXHAUSTION_POLICIES)
         require_choice(s.pack_mode, f"{self.path}: pack_mode", PACK_MODES)
         require_choice(s.execution.runner, f"{self.path}: execution.runner", RUNNERS)
@@ -148,10 +180,37 @@ class Recipe:
                     ("execution.prefetch", s.execution.prefetch, 0), ("execution.readahead", s.execution.readahead, 0)]
         if s.canonical_replicas is not None:
             minimums.append(("canonical_replicas", s.canonical_replicas, 1))
+        if s.global_batch_size is not None:
+            minimums.append(("global_batch_size", s.global_batch_size, 1))
         if s.standalone is not None:
             minimums += [("standalone.seq_len", s.standalone.seq_len, 1), ("standalone.batch_size", s.standalone.batch_size, 1)]
         for key, value, low in minimums:
             require_int(value, f"{self.path}: {key}", low)
+
+    def _check_stages(self) -> None:
+        s = self.spec
+        require_choice(s.weight_by, f"{self.path}: weight_by", WEIGHT_BY)
+        if not s.stages:
+            return
+        for n, src in enumerate(s.sources):
+            if not src.name:
+                raise self._err(f"sources[{n}].name", "with [[stages]], every source needs a name (the stages' weights refer to it)")
+        for n, st in enumerate(s.stages):
+            if st.name == "???":
+                raise self._err(f"stages[{n}].name", "missing")
+            if st.start_step is not None and s.global_batch_size is None:
+                raise self._err(f"stages[{n}].start_step", "converting steps to tokens needs global_batch_size (rows per optimizer step) at the top of the recipe")
+        # Everything that needs no data is checked now (a large enough tokens_per_step stands in for the real one).
+        check_stages(self.stages(), [src.name or "" for src in s.sources], f"{self.path}: stages", tokens_per_step=1)
+
+    def stages(self) -> list[Stage]:
+        """The ``[[stages]]`` as ``Stage`` objects (empty for a recipe without them)."""
+        return [Stage(dict(st.weights), st.name, None, st.start_tokens, st.start_step, st.weight_by or self.spec.weight_by) for st in self.spec.stages]
+
+    def tokens_per_step(self, seq_len: int | None) -> int | None:
+        """Tokens one optimizer step packs: global_batch_size rows of seq_len + 1 (None when either is unknown)."""
+        gbs = self.spec.global_batch_size
+        return gbs * (seq_len + 1) if gbs is not None and seq_len is not None else None
 
     @property
     def pretokenized(self) -> bool:
@@ -189,12 +248,25 @@ class Recipe:
                 "tools/preprocess_data.py (for the bundled corpus: python configs/megatron/make_indexed_corpus.py)"
             )
 
-    def work_source(self) -> StaticMixture:
+    def work_source(self, seq_len: int | None = None, counter: TokenCounter | None = None) -> WorkSource:
+        """The curriculum: a ``StaticMixture``, or a ``StagedMixture`` for ``[[stages]]`` or ``weight_by = "tokens"``.
+
+        ``seq_len`` converts ``start_step`` boundaries to tokens; ``counter``
+        counts tokens of text documents (``build`` passes the run's tokenizer).
+        """
         s = self.spec
-        return StaticMixture(
-            self.sources(), [src.weight for src in s.sources], seed=s.seed, chunk_size=s.chunk_size,
-            exhausted=s.exhausted, shuffle=s.shuffle_documents, block_size=s.block_size or None, block_window=s.block_window,
-        )
+        common: dict[str, Any] = {"seed": s.seed, "chunk_size": s.chunk_size, "exhausted": s.exhausted, "shuffle": s.shuffle_documents,
+                                  "block_size": s.block_size or None, "block_window": s.block_window}
+        if not s.stages and s.weight_by == "documents":
+            return StaticMixture(self.sources(), [src.weight for src in s.sources], **common)
+        sources = self.sources()
+        stages = self.stages() or [Stage({src.name: w for src, w in zip(sources, [x.weight for x in s.sources])}, "main", weight_by=s.weight_by)]
+        if any(st.start_step for st in stages) and seq_len is None:
+            raise self._err("stages", "start_step boundaries need the sequence length; build the pipeline (build(seq_len=...)) to resolve them")
+        try:
+            return StagedMixture(sources, stages, tokens_per_step=self.tokens_per_step(seq_len), token_counter=counter, **common)
+        except ConfigError as e:
+            raise ConfigError(f"{self.path}: {e}") from None
 
     def build(
         self,
@@ -205,14 +277,27 @@ class Recipe:
         bos_id: int | None = None,
         eos_id: int | None = None,
         pad_id: int = 0,
+        global_batch_size: int | None = None,
         **options: Any,
     ) -> Pipeline:
-        """The pipeline this recipe defines; ``options`` are passed to ``Pipeline.options``."""
+        """The pipeline this recipe defines; ``options`` are passed to ``Pipeline.options``.
+
+        ``global_batch_size``: the framework's rows per optimizer step, refused
+        when the recipe plans its stages with another.
+        """
         s = self.spec
-        p = Pipeline(self.work_source())
+        if global_batch_size is not None and s.global_batch_size is not None and global_batch_size != s.global_batch_size:
+            raise self._err(
+                "global_batch_size",
+                f"the recipe plans its stages with {s.global_batch_size} rows per optimizer step, this run trains {global_batch_size}; "
+                "make them equal (a stage's start_step would otherwise fall at another point of the run)",
+            )
+        if not self.pretokenized and tokenizer is None:
+            raise self._err("sources", "text sources need a tokenizer")
+        staged = bool(s.stages) or s.weight_by == "tokens"
+        counter = token_counter(tokenizer, bos_id=bos_id, eos_id=eos_id) if staged and not self.pretokenized else None
+        p = Pipeline(self.work_source(seq_len, counter))
         if not self.pretokenized:
-            if tokenizer is None:
-                raise self._err("sources", "text sources need a tokenizer")
             p = p.tokenize(tokenizer, bos_id=bos_id, eos_id=eos_id, parallelism=s.execution.parallelism, runner=s.execution.runner)
         p = p.pack(seq_len, mode=s.pack_mode, pad_id=pad_id)
         if s.shuffle.window > 1:
@@ -241,6 +326,17 @@ class Recipe:
         return self.build(seq_len=st.seq_len, batch_size=st.batch_size, tokenizer=tokenizer, bos_id=st.bos_id, eos_id=st.eos_id, **options)
 
 
+def _check_stage_layout(path: str, raw: dict[str, Any]) -> None:
+    """With ``[[stages]]`` the weights live in the stages: a source's own ``weight`` would be silently unused."""
+    if "stages" in raw and not isinstance(raw["stages"], list):
+        raise ConfigError(f"{path}: stages: must be an array of tables, written [[stages]], got a {type(raw['stages']).__name__}")
+    if not raw.get("stages"):
+        return
+    for n, src in enumerate(raw.get("sources") or []):
+        if isinstance(src, dict) and "weight" in src:
+            raise ConfigError(f"{path}: sources[{n}].weight: with [[stages]], weights are given per stage (stages[i].weights); remove it")
+
+
 def load_recipe(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Recipe:
     """Read and validate a TOML recipe (``overrides`` are merged over the file)."""
     from omegaconf import OmegaConf
@@ -262,12 +358,14 @@ def load_recipe(path: str | os.PathLike[str], overrides: dict[str, Any] | None =
         key = prefix + (getattr(e, "full_key", None) or "")
         return ConfigError(f"{path}: {key + ': ' if key else ''}{str(e).splitlines()[0]}")
 
-    # Each source first on its own: OmegaConf's messages lose list indices.
-    for n, src in enumerate(raw.get("sources", []) if isinstance(raw.get("sources"), list) else []):
-        try:
-            OmegaConf.merge(OmegaConf.structured(SourceSpec), OmegaConf.create(src))
-        except OmegaConfBaseException as e:
-            raise fail(e, f"sources[{n}].") from None
+    # Each source and stage first on its own: OmegaConf's messages lose list indices.
+    for key, table in (("sources", SourceSpec), ("stages", StageSpec)):
+        for n, entry in enumerate(raw.get(key, []) if isinstance(raw.get(key), list) else []):
+            try:
+                OmegaConf.merge(OmegaConf.structured(table), OmegaConf.create(entry))
+            except OmegaConfBaseException as e:
+                raise fail(e, f"{key}[{n}].") from None
+    _check_stage_layout(path, raw)
     try:
         schema = OmegaConf.structured(RecipeSpec)
         merged = OmegaConf.merge(schema, OmegaConf.create(raw), OmegaConf.create(overrides or {}))

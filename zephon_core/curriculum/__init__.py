@@ -2,11 +2,14 @@
 
 ``work_source`` defines the interface (``WorkSource``, ``Chunk``) and the per-chunk
 interleave; ``order`` maps positions of a source's stream to its documents;
-``mixture`` is the fixed-weight mixture; ``permutation`` the seekable permutations.
+``mixture`` is the fixed-weight mixture; ``stages`` the staged one (its
+``schedule``, ``token_index`` for token weights, ``stage_report`` for
+``explain``); ``permutation`` the seekable permutations.
 """
 
 from zephon_core.curriculum.mixture import StaticMixture
 from zephon_core.curriculum.permutation import IndexPermutation
+from zephon_core.curriculum.stages import Stage, StagedMixture
 from zephon_core.curriculum.work_source import Chunk, WorkSource
 
-__all__ = ["Chunk", "IndexPermutation", "StaticMixture", "WorkSource"]
+__all__ = ["Chunk", "IndexPermutation", "Stage", "StagedMixture", "StaticMixture", "WorkSource"]

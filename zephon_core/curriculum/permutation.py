@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -122,24 +123,36 @@ class IndexPermutation:
         return self.n
 
 
-def permute_rows(n: int, keys: list[int], indices: np.ndarray) -> np.ndarray:
-    """Row ``j`` of ``indices`` (2-D) mapped by ``IndexPermutation(n, keys[j])``, all rows at once.
-
-    The same values as one ``take`` per row, for one set of NumPy calls: a
-    lane computes the interleave of 32 chunks together.
-    """
-    idx = np.asarray(indices, dtype=np.int64)
-    if idx.size and (idx.min() < 0 or idx.max() >= n):
-        raise IndexError(f"index out of range for a permutation of {n}")
-    if n == 1:
-        return np.zeros_like(idx)
+def _rows_feistel(x: np.ndarray, rows: np.ndarray, bounds: np.ndarray, n: int, keys: Sequence[int]) -> np.ndarray:
+    """Element ``i`` of ``x`` mapped by the permutation of ``[0, bounds[i])`` keyed ``keys[rows[i]]``, in the domain of ``n``."""
     half_bits, mask = _geometry(n)
     per_row = np.array([[derive_key(int(k), r) for r in range(_ROUNDS)] for k in keys], dtype=np.uint64).reshape(len(keys), _ROUNDS)
-    rows = np.repeat(np.arange(idx.shape[0]), idx.shape[1])
     with np.errstate(over="ignore"):
-        out = _feistel(idx.astype(np.uint64).ravel(), half_bits, mask, list(per_row[rows].T))
-        todo = np.flatnonzero(out >= np.uint64(n))
+        out = _feistel(x.astype(np.uint64), half_bits, mask, list(per_row[rows].T))
+        todo = np.flatnonzero(out >= bounds)
         while todo.size:  # cycle walking, as in IndexPermutation.take
             out[todo] = _feistel(out[todo], half_bits, mask, list(per_row[rows[todo]].T))
-            todo = todo[out[todo] >= np.uint64(n)]
-    return out.astype(np.int64).reshape(idx.shape)
+            todo = todo[out[todo] >= bounds[todo]]
+    return out.astype(np.int64)
+
+
+def feistel_domain(n: int) -> int:
+    """The Feistel half-width of a permutation of ``[0, n)``: sizes that share it can be permuted together."""
+    return int(_geometry(n)[0])
+
+
+def permute_ragged(sizes: Sequence[int], keys: Sequence[int]) -> list[np.ndarray]:
+    """``IndexPermutation(sizes[j], keys[j]).take(arange(sizes[j]))`` for every ``j``, in one set of NumPy calls.
+
+    The sizes (each >= 2) must share one ``feistel_domain``: chunks of
+    token-weighted stages differ in size, and are interleaved together.
+    """
+    n = np.asarray(sizes, dtype=np.int64)
+    if not len(n):
+        return []
+    if n.min() < 2 or len({feistel_domain(int(x)) for x in set(n.tolist())}) != 1:
+        raise ValueError(f"permute_ragged needs sizes >= 2 of one Feistel domain, got {sorted(set(n.tolist()))}")
+    rows = np.repeat(np.arange(len(n)), n)
+    x = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    out = _rows_feistel(x, rows, n.astype(np.uint64)[rows], int(n.max()), keys)
+    return np.split(out, np.cumsum(n)[:-1])

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.curriculum.permutation import derive_key, permute_rows
+from zephon_core.curriculum.permutation import derive_key, feistel_domain, permute_ragged
 from zephon_core.sources.base import Source
 
 
@@ -67,24 +67,25 @@ def interleave(gs: Sequence[int], per_source: Sequence[Sequence[np.ndarray]], se
     """Chunk ``gs[j]`` from ``per_source[s][j]`` (the documents source ``s`` gives it), interleaved by a
     per-chunk permutation keyed by ``seed`` and ``g`` (none when ``shuffle`` is off).
 
-    Chunks of the same size share one batched permutation pass.
+    Chunks of similar size share one batched permutation pass.
     """
     unmixed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for j, g in enumerate(gs):
         docs = [per_source[s][j] for s in range(len(per_source))]
         srcs = [np.full(len(d), s, dtype=np.int64) for s, d in enumerate(docs)]
         unmixed[g] = (np.concatenate(srcs), np.concatenate(docs))
-    by_size: dict[int, list[int]] = {}
-    for g, (src, _) in unmixed.items():
-        by_size.setdefault(len(src), []).append(g)
+    # Chunks whose sizes share a Feistel domain are permuted in one pass (chunks of
+    # token-weighted stages differ in size); the values are those of one pass per chunk.
+    by_domain: dict[int, list[int]] = {}
     out: dict[int, Chunk] = {}
-    for size, group in by_size.items():
-        if not shuffle or size < 2:
-            orders: list[np.ndarray | None] = [None] * len(group)
+    for g, (src, doc) in unmixed.items():
+        if not shuffle or len(src) < 2:
+            out[g] = Chunk(g, src, doc)
         else:
-            keys = [derive_key("interleave", seed, g) for g in group]
-            orders = list(permute_rows(size, keys, np.broadcast_to(np.arange(size), (len(group), size))))
-        for g, order in zip(group, orders):
+            by_domain.setdefault(feistel_domain(len(src)), []).append(g)
+    for group in by_domain.values():
+        keys = [derive_key("interleave", seed, g) for g in group]
+        for g, order in zip(group, permute_ragged([len(unmixed[g][0]) for g in group], keys)):
             src, doc = unmixed[g]
-            out[g] = Chunk(g, src, doc) if order is None else Chunk(g, src[order], doc[order])
+            out[g] = Chunk(g, src[order], doc[order])
     return out

@@ -9,7 +9,7 @@ on which worker finished first.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
@@ -74,6 +74,20 @@ def run_op_on_slice(op: DocOp, docs: list[Any]) -> list[Any]:
             out[j] = np.array(prefix + ids + suffix if prefix or suffix else ids, dtype=np.int64)
         return out
     raise TypeError(op)
+
+
+def token_counter(tokenizer: Any, *, bos_id: int | None = None, eos_id: int | None = None) -> Callable[[Sequence[Any]], list[int]]:
+    """How many tokens documents become through ``Pipeline.tokenize(tokenizer, bos_id=, eos_id=)``.
+
+    For ``StagedMixture(token_counter=...)``: token weights and token
+    boundaries over text sources estimate document lengths with it.
+    """
+    op = TokenizeOp(tokenizer=tokenizer, bos_id=bos_id, eos_id=eos_id)
+
+    def count(docs: Sequence[Any]) -> list[int]:
+        return [len(ids) for ids in run_op_on_slice(op, list(docs))]
+
+    return count
 
 
 class DocOpRunner:

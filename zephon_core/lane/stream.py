@@ -11,14 +11,16 @@ Each stage is its own object (``LaneChunks``, ``PieceReader``, ``RowFeed``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Executor
+from dataclasses import replace
 
 from zephon_core.batch import Batch, Cursor
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.lane.chunks import LaneChunks
 from zephon_core.lane.docops import DocOpRunner
 from zephon_core.lane.feed import RowFeed
-from zephon_core.lane.ops import BatchOp, PackOp, ShuffleOp
+from zephon_core.lane.ops import BatchOp, DocOp, PackOp, ShuffleOp
 from zephon_core.lane.packing import ConcatPacker, PadPacker, Position, RowBlock
 from zephon_core.lane.reader import PieceReader
 from zephon_core.lane.window import InOrder, ShuffleWindow
@@ -28,6 +30,18 @@ def make_packer(pack: PackOp) -> ConcatPacker | PadPacker:
     """The packer of a ``pack`` operator: rows of ``seq_len + 1`` tokens (inputs and the label after them)."""
     width = pack.seq_len + 1
     return ConcatPacker(width, pack.pad_id) if pack.mode == "concat" else PadPacker(width, pack.pad_id)
+
+
+def window_end(lane: int, canonical_replicas: int, work_source: WorkSource, doc_ops: Sequence[DocOp], pack: PackOp, window: int,
+               start: Position) -> Position:
+    """The packer position after the shuffle window that starts at ``start``: what refilling it (a restore) reads."""
+    runner = DocOpRunner([replace(op, parallelism=1, runner="thread") for op in doc_ops])
+    try:
+        feed = RowFeed(lane, PieceReader(LaneChunks(work_source, lane, canonical_replicas), runner, start, None, 0), make_packer(pack), start)
+        feed.take(window)
+        return feed.position
+    finally:
+        runner.close()
 
 
 class LaneStream:

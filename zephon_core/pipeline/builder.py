@@ -10,7 +10,6 @@ from dataclasses import replace
 from typing import Any
 
 from zephon_core.batch import Batch, Cursor
-from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import LaneState, fingerprint_of, make_state, parse_lanes, verify_checksum
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError, StateError
@@ -18,6 +17,7 @@ from zephon_core.lane.ops import BatchOp, DocOp, FilterOp, MapOp, Op, PackOp, Sh
 from zephon_core.pipeline.engine import Engine, OperatorChain
 from zephon_core.pipeline.options import OPTION_NAMES, Identity, Options, default_pipelines_per_node, resolve_identity
 from zephon_core.pipeline.plan import Plan, render
+from zephon_core.pipeline.resume import Verdict, resume_verdict
 
 
 class Pipeline:
@@ -183,11 +183,21 @@ class Pipeline:
             )
         return self._aggregator.checkpoint(state)
 
+    def resume_verdict(self, state: Mapping[str, Any]) -> Verdict:
+        """Whether ``restore(state)`` accepts this pipeline's data definition, and why (``pipeline.resume``).
+
+        The same definition always; a curriculum with stages appended (or not
+        yet started stages changed) when the state's lanes have read nothing
+        from where the change starts.
+        """
+        return resume_verdict(state, parse_lanes(state), self.definition(), self.work_source, self._chain)
+
     def restore(self, state: Mapping[str, Any]) -> None:
         """Resume from a state returned by ``checkpoint()`` (on any ``dp_degree <= C``).
 
         Call it before iterating. The state is validated now; a state of
-        different data, a different ``canonical_replicas`` or without this
+        different data (other than stages appended after its position: see
+        ``resume_verdict``), a different ``canonical_replicas`` or without this
         group's lanes is refused with a message naming the difference.
         """
         if self._engine is not None:
@@ -200,11 +210,10 @@ class Pipeline:
                 "it is fixed for the life of a run"
             )
         ident = resolve_identity(self._opts, canonical_replicas=C_state)
-        mine = self.definition()
-        if state["fingerprint"] != fingerprint_of(mine):
-            diffs = diff_definitions(state["definition"], mine)
-            detail = "; ".join(diffs[:5]) + ("; ..." if len(diffs) > 5 else "")
-            raise StateError(f"the checkpoint was taken with different data (checkpoint vs this pipeline): {detail}")
+        if state["fingerprint"] != fingerprint_of(self.definition()):
+            verdict = self.resume_verdict(state)
+            if not verdict.accepted:
+                raise StateError(verdict.message)
         missing = [lane for lane in ident.lanes if lane not in lanes]
         if missing:
             raise StateError(

@@ -51,6 +51,23 @@ class Source(ABC):
         corpus may be moved or copied between a run and its resume.
         """
 
+    def token_lengths(self) -> np.ndarray | None:
+        """Tokens of every document (int64), where the source knows them without reading documents.
+
+        Pretokenized sources answer from their index; token-weighted mixtures
+        (``weight_by="tokens"``) then weigh sources by exact token counts.
+        """
+        return None
+
+    def byte_lengths(self) -> np.ndarray | None:
+        """Stored bytes of every document (int64), where the source knows them without reading documents.
+
+        Token-weighted mixtures estimate a text document's tokens from its size
+        (``zephon_core.curriculum.token_index``); None: every document counts
+        as the source's sampled mean.
+        """
+        return None
+
     def describe(self) -> str:
         """One line for ``explain()``."""
         return f"{type(self).__name__}({self.name!r}, {len(self)} documents)"

@@ -220,6 +220,10 @@ class JsonlFile(Source):
         spans = [(int(self._starts[i]), int(self._lengths[i])) for i in indices]
         return [self._parse(raw, int(self._lines[i])) for raw, i in zip(self._bytes.read_many(spans), indices)]
 
+    def byte_lengths(self) -> np.ndarray:
+        """Bytes of every record's line (the whole JSON object, not only its text field)."""
+        return self._lengths
+
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
 

@@ -27,6 +27,16 @@ class MemorySource(Source):
     def read(self, indices: Sequence[int]) -> list[Any]:
         return [self._docs[i] for i in indices]
 
+    def token_lengths(self) -> np.ndarray | None:
+        if not all(isinstance(d, np.ndarray) for d in self._docs):
+            return None
+        return np.array([len(d) for d in self._docs], dtype=np.int64)
+
+    def byte_lengths(self) -> np.ndarray | None:
+        if not all(isinstance(d, (str, dict)) for d in self._docs):
+            return None
+        return np.array([len(d.encode("utf-8", "surrogatepass") if isinstance(d, str) else json.dumps(d).encode()) for d in self._docs], dtype=np.int64)
+
     def fingerprint(self) -> dict[str, Any]:
         h = hashlib.blake2b(digest_size=16)
         for d in self._docs:

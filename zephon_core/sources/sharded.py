@@ -149,6 +149,22 @@ class ShardedSource(Source):
                 out[int(j)] = doc
         return out
 
+    def _per_document(self, what: str) -> np.ndarray | None:
+        """Every file's ``token_lengths`` or ``byte_lengths`` end to end (None unless every file knows them).
+
+        Opens every file (in parallel): only token-weighted curricula ask.
+        """
+        parts = scan_in_parallel(len(self.metas), lambda f: getattr(self.file(f), what)())
+        if any(p is None for p in parts):
+            return None
+        return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+
+    def token_lengths(self) -> np.ndarray | None:
+        return self._per_document("token_lengths")
+
+    def byte_lengths(self) -> np.ndarray | None:
+        return self._per_document("byte_lengths")
+
     def describe(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {len(self.metas)} file(s), {len(self)} documents)"
 

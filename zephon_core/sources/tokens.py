@@ -99,6 +99,9 @@ class TokenArraySource(Source):
     def read(self, indices: Sequence[int]) -> list[Any]:
         return _split(*self.read_flat(np.asarray(indices, dtype=np.int64)))
 
+    def token_lengths(self) -> np.ndarray:
+        return np.diff(self._offsets)
+
     def read_flat(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The documents at ``indices`` end to end (int64) and their lengths, without one array per document."""
         indices = np.asarray(indices, dtype=np.int64)
@@ -213,6 +216,11 @@ class MegatronIndexedFile(Source):
 
     def read(self, indices: Sequence[int]) -> list[Any]:
         return _split(*self.read_flat(np.asarray(indices, dtype=np.int64)))
+
+    def token_lengths(self) -> np.ndarray:
+        cum = np.zeros(len(self._lengths) + 1, dtype=np.int64)
+        np.cumsum(self._lengths, out=cum[1:])
+        return cum[self._doc_index[1:]] - cum[self._doc_index[:-1]]
 
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)

@@ -14,6 +14,7 @@ from typing import Any
 
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.tools import curriculum_audit
 from zephon_core.tools.errors import CliError, debug_option, run
 from zephon_core.tools.index import add_index_parser
 from zephon_core.tools.init import add_init_parser
@@ -70,7 +71,11 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     ws = d.get("work_source", {})
     print(f"  work source:        {ws.get('kind')} seed={ws.get('seed')} chunk_size={ws.get('chunk_size')} exhausted={ws.get('exhausted')}")
     for s in ws.get("sources", []):
-        print(f"    {s.get('name')}: {s.get('kind')} weight={s.get('weight')} size={s.get('size', s.get('documents', '?'))}")
+        weight = f" weight={s['weight']}" if "weight" in s else ""
+        print(f"    {s.get('name')}: {s.get('kind')}{weight} size={s.get('size', s.get('documents', '?'))}")
+    for n, st in enumerate(ws.get("stages", [])):
+        weights = ", ".join(f"{k}={v}" for k, v in st.get("weights", {}).items())
+        print(f"    stage {n} {st.get('name')!r}: from global chunk {st.get('start_chunk')} ({st.get('start')}), weight_by={st.get('weight_by')}: {weights}")
     print("  operators:          " + " -> ".join(op.get("op", "?") for op in d.get("ops", [])))
     print("  lanes:              lane  chunk  document  token  in-window  delivered")
     for lane in sorted(lanes):
@@ -82,9 +87,27 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     return 0
 
 
+def _resume_check(a: argparse.Namespace) -> int:
+    """A checkpoint (``a.a``) against a recipe (``a.b``): would the recipe's pipeline resume from it, and why (or why not)."""
+    state = load_state(a.a)
+    parse_lanes(state)
+    ops = {op.get("op"): op for op in state["definition"].get("ops", [])}
+    # The run's sizes are in the checkpoint; options given on the command line win.
+    shape = argparse.Namespace(**{**vars(a), "seq_len": a.seq_len or ops.get("pack", {}).get("seq_len"),
+                                  "batch_size": a.batch_size or ops.get("batch", {}).get("batch_size")})
+    p = _pipeline(_recipe(a.b), shape, canonical_replicas=state["canonical_replicas"], prefetch=0)
+    verdict = p.resume_verdict(state)
+    print(("accepted: " if verdict.accepted else "refused: ") + verdict.message)
+    for line in verdict.differences:
+        print(f"  {line}")
+    return 0 if verdict.accepted else 1
+
+
 def cmd_diff(a: argparse.Namespace) -> int:
     if _is_recipe(a.a) != _is_recipe(a.b):
-        raise CliError("compare two checkpoints or two recipes, not one of each")
+        if _is_recipe(a.a):
+            raise CliError("give the checkpoint first and the recipe second: zephon diff CHECKPOINT RECIPE")
+        return _resume_check(a)
     if _is_recipe(a.a):
         from omegaconf import OmegaConf
 
@@ -125,18 +148,30 @@ def cmd_verify_elastic(a: argparse.Namespace) -> int:
         raise CliError(f"--checkpoint-step must be between 1 and --steps - 1 ({a.steps - 1})")
     progress = Progress(a.steps * 2, a)
 
-    def make(G: int, gid: int):
-        return _pipeline(recipe, a, dp_degree=G, dp_group_id=gid, canonical_replicas=C, prefetch=0)
+    resumed = _recipe(a.resume_recipe) if a.resume_recipe else recipe
 
-    # The reference runs uninterrupted on the first topology.
-    ref_records = simulate.run_schedule(make, [simulate.Phase(a.from_, a.steps)], B, on_step=lambda ph: progress.step(f"reference dp={ph.dp_degree}"))
-    phases = [simulate.Phase(a.from_, a.checkpoint_step), simulate.Phase(a.to, a.steps - a.checkpoint_step)]
-    recs = simulate.run_schedule(make, phases, B, on_step=lambda ph: progress.step(f"elastic dp={ph.dp_degree}"))
-    bad = simulate.first_mismatch(ref_records, recs)
-    if bad is None:
-        print(f"ok: {a.steps} global steps identical: dp_degree {a.from_} throughout vs {a.from_} -> {a.to} at step {a.checkpoint_step} (C={C}, {B} batches per step)")
+    def maker(r: Any):
+        return lambda G, gid: _pipeline(r, a, dp_degree=G, dp_group_id=gid, canonical_replicas=C, prefetch=0)
+
+    # The reference runs uninterrupted on the first topology (with the resumed recipe's curriculum throughout).
+    ref_records, ref_state = simulate.run_phase(maker(resumed), simulate.Phase(a.from_, a.steps), B, None,
+                                                lambda ph: progress.step(f"reference dp={ph.dp_degree}"))
+    recs, state = simulate.run_phase(maker(recipe), simulate.Phase(a.from_, a.checkpoint_step), B, None,
+                                     lambda ph: progress.step(f"elastic dp={ph.dp_degree}"))
+    more, _ = simulate.run_phase(maker(resumed), simulate.Phase(a.to, a.steps - a.checkpoint_step), B, state,
+                                 lambda ph: progress.step(f"elastic dp={ph.dp_degree}"))
+    change = f"{a.from_} -> {a.to} at step {a.checkpoint_step}" + (f", resumed with {a.resume_recipe}" if a.resume_recipe else "")
+    bad = simulate.first_mismatch(ref_records, recs + more, provenance=True)
+    ws = maker(resumed)(1, 0).work_source
+    audit = curriculum_audit.audit_curriculum(ws, curriculum_audit.chunks_read(ref_state))
+    if bad is None and not audit.problems:
+        print(f"ok: {a.steps} global steps identical: dp_degree {a.from_} throughout vs {change} (C={C}, {B} batches per step)")
+        print(audit.summary(ws))
         return 0
-    print(f"MISMATCH at global step {bad + 1}: dp_degree {a.from_} -> {a.to} at step {a.checkpoint_step} changes the samples of that step (C={C}, {B} batches per step)")
+    if bad is not None:
+        print(f"MISMATCH at global step {bad + 1}: dp_degree {change} changes the samples of that step (C={C}, {B} batches per step)")
+    for problem in audit.problems:
+        print(f"CURRICULUM: {problem}")
     return 1
 
 
@@ -161,13 +196,21 @@ def cmd_trace(a: argparse.Namespace) -> int:
             progress.step(f"batch {n + 1} of step {n // B + 1}")
             if n >= (a.step - 1) * B:
                 batches.append(b)
+        state = p.checkpoint()
     print(f"global step {a.step}: {B} batches (C={C}; lanes {owned_lanes(C, 1, 0)})")
     for b in sorted(batches, key=lambda b: (b.lane, b.lane_index)):
-        print(f"  lane {b.lane} batch {b.lane_index}  digest {b.digest}")
+        g = b.lane + b.cursor.chunk * C
+        stage = curriculum_audit.stage_name(p.work_source, g)
+        where = f"  (then at global chunk {g}" + (f", stage {stage!r})" if stage else ")")
+        print(f"  lane {b.lane} batch {b.lane_index}  digest {b.digest}{where}")
         for r, segs in enumerate(b.provenance):
             parts = ", ".join(f"{names[s.source]}#{s.document}[{s.start}:{s.stop}]" for s in segs)
             print(f"    row {r}: {parts}")
-    return 0
+    audit = curriculum_audit.audit_curriculum(p.work_source, curriculum_audit.chunks_read(state))
+    print(audit.summary(p.work_source))
+    for problem in audit.problems:
+        print(f"  CURRICULUM: {problem}")
+    return 1 if audit.problems else 0
 
 
 # -- parser -------------------------------------------------------------------------
@@ -195,9 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the raw state")
     p.set_defaults(fn=cmd_inspect)
 
-    p = sub.add_parser("diff", help="field-by-field differences between two checkpoints or two recipes")
+    p = sub.add_parser("diff", help="field-by-field differences between two checkpoints or two recipes; "
+                                     "a checkpoint and a recipe: whether the recipe resumes from it")
     p.add_argument("a")
     p.add_argument("b")
+    shape(p)
     p.set_defaults(fn=cmd_diff)
 
     p = sub.add_parser("verify-elastic", help="check that a topology change at a checkpoint keeps every step's samples")
@@ -208,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-step", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--batches-per-step", type=int, help="default: canonical_replicas")
+    p.add_argument("--resume-recipe", metavar="RECIPE2", help="resume the checkpoint with this recipe (e.g. with a stage appended); "
+                   "the reference then runs RECIPE2 throughout")
     progress(p)
     shape(p)
     p.set_defaults(fn=cmd_verify_elastic)

@@ -87,10 +87,10 @@ def run_schedule(
     return records
 
 
-def first_mismatch(a: Sequence[StepRecord], b: Sequence[StepRecord]) -> int | None:
-    """The first global step (from 0) whose rows differ, or None."""
+def first_mismatch(a: Sequence[StepRecord], b: Sequence[StepRecord], *, provenance: bool = False) -> int | None:
+    """The first global step (from 0) whose rows differ (with ``provenance``: or come from other documents), or None."""
     for step, (x, y) in enumerate(zip(a, b)):
-        if x.digests != y.digests:
+        if x.digests != y.digests or (provenance and x.segments != y.segments):
             return step
     if len(a) != len(b):
         return min(len(a), len(b))

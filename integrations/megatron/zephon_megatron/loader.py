@@ -125,6 +125,22 @@ def prepare(args: Any) -> bool:
     return True
 
 
+def _stage_batch(recipe: Recipe, schedule: BatchSchedule) -> int | None:
+    """The rows per step a recipe's ``start_step`` stages are checked against (None: nothing to check).
+
+    Under a batch-size schedule a step is no fixed number of tokens, so such stages are refused.
+    """
+    stepped = [n for n, st in enumerate(recipe.spec.stages) if st.start_step is not None]
+    if schedule.ramps:
+        if stepped:
+            raise ZephonMegatronError(
+                f"zephon: {recipe.path}: stages[{stepped[0]}].start_step: this run's global batch size follows a schedule, so an "
+                "optimizer step is no fixed number of tokens; start the stage with start_tokens"
+            )
+        return None
+    return int(schedule.global_batch(0))
+
+
 @dataclass(frozen=True)
 class Place:
     """Where this rank sits in Megatron's process grid, as far as loading is concerned."""
@@ -245,7 +261,8 @@ class RankLoader:
             options.update(world_size=place.dp, global_rank=place.dp_rank, aggregate_dir=coord.aggregate_dir,
                            run_id=coord.run_id, aggregate_timeout_s=coord.aggregate_timeout_s)
         pipeline = recipe.build(seq_len=args.seq_length, batch_size=args.micro_batch_size, tokenizer=self.tok, bos_id=None,
-                                eos_id=self.eod if self.tok is not None else None, **options)
+                                eos_id=self.eod if self.tok is not None else None, global_batch_size=_stage_batch(recipe, schedule),
+                                **options)
         if resumed is not None:
             pipeline.restore(resumed.state)
         counter = StepCounter(schedule, place.dp, iteration=int(getattr(args, "iteration", 0) or 0),

@@ -135,6 +135,8 @@ class ZephonStream:
             tokenizer=tok,
             bos_id=tok.bos_id if tok else None,
             eos_id=tok.eos_id if tok else None,
+            # Rows per optimizer step, checked against a recipe whose stages start at optimizer steps.
+            global_batch_size=batches_per_step * local_batch_size if batches_per_step else None,
             **options,
         )
         self.capacity = settings.state_capacity_bytes

@@ -15,7 +15,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from zephon_core import MemorySource, Pipeline, StaticMixture
+from zephon_core import MemorySource, Pipeline, Stage, StagedMixture, StaticMixture
 
 CANONICAL_REPLICAS = (1, 2, 3, 4, 6, 8, 12)
 
@@ -120,15 +120,21 @@ def recipes(
 
 
 @dataclass(frozen=True)
-class TextRecipe:
-    texts: tuple[tuple[str, ...], ...]
-    weights: tuple[float, ...]
+class Shape:
+    """The fields every generated recipe has besides its sources."""
+
     seed: int
     chunk_size: int
     seq_len: int
     mode: str
     shuffle_window: int | None
     batch_size: int
+
+
+@dataclass(frozen=True)
+class TextRecipe(Shape):
+    texts: tuple[tuple[str, ...], ...]
+    weights: tuple[float, ...]
 
     def pipeline(self, *, map_parallelism: int, tok_parallelism: int, runner: str) -> Pipeline:
         srcs = [MemorySource(list(t), name=f"text{i}") for i, t in enumerate(self.texts)]
@@ -191,3 +197,70 @@ def row_counter(batches: Sequence[Any]) -> Counter[tuple[str, tuple[Any, ...]]]:
     for b in batches:
         c.update(rows_of(b))
     return c
+
+
+# -- staged recipes -----------------------------------------------------------------
+@dataclass(frozen=True)
+class StagedRecipe(Shape):
+    """A staged curriculum over token sources, in plain values: per stage (start chunk, weight_by, weights by source)."""
+
+    docs: tuple[tuple[tuple[int, ...], ...], ...]
+    stages: tuple[tuple[int, str, tuple[float, ...]], ...]  # (start_chunk, weight_by, weight per source; 0: absent)
+    exhausted: str = "repeat"
+
+    def sources(self, cls: type[MemorySource] = MemorySource) -> list[MemorySource]:
+        return [cls([list(d) for d in docs], name=f"src{i}") for i, docs in enumerate(self.docs)]
+
+    def stage_objects(self, upto: int | None = None) -> list[Stage]:
+        out = []
+        for i, (start, by, weights) in enumerate(self.stages[:upto]):
+            out.append(Stage({f"src{s}": w for s, w in enumerate(weights) if w > 0}, f"s{i}", start_chunk=start or None, weight_by=by))
+        return out
+
+    def work_source(self, sources: Sequence[MemorySource] | None = None, upto: int | None = None) -> StagedMixture:
+        srcs = list(sources) if sources is not None else self.sources()
+        stages = self.stage_objects(upto)
+        used = {n for st in stages for n in st.weights}
+        # A prefix of the schedule reads only the sources its stages name: the rest are appended with the later stages.
+        kept = [s for s in srcs if s.name in used] if upto is not None else srcs
+        return StagedMixture(kept, stages, seed=self.seed, chunk_size=self.chunk_size, exhausted=self.exhausted)
+
+    def pipeline(self, sources: Sequence[MemorySource] | None = None, upto: int | None = None) -> Pipeline:
+        p = Pipeline(self.work_source(sources, upto)).pack(self.seq_len, mode=self.mode)
+        if self.shuffle_window is not None:
+            p = p.shuffle(self.shuffle_window, seed=5)
+        return p.batch(self.batch_size, drop_last=True)
+
+
+@st.composite
+def staged_recipes(draw: st.DrawFn, *, max_stages: int = 3, finite: bool = False) -> StagedRecipe:
+    """1-3 sources and 1-3 stages at increasing chunks, each over a random non-empty subset of the sources,
+    weighted by documents or tokens. Every source is in some stage, and sources are numbered in the order
+    stages first read them, so a prefix of the schedule only ever needs a prefix of the sources."""
+    n_sources = draw(st.integers(1, 3))
+    n_stages = draw(st.integers(1, max_stages))
+    subsets = [sorted(draw(st.sets(st.integers(0, n_sources - 1), min_size=1))) for _ in range(n_stages)]
+    subsets[-1] = sorted(set(subsets[-1]) | (set(range(n_sources)) - {s for sub in subsets for s in sub}))
+    order: list[int] = []
+    for sub in subsets:
+        order += [s for s in sub if s not in order]
+    rank = {s: i for i, s in enumerate(order)}
+    starts = [0] + sorted(draw(st.sets(st.integers(1, 12), min_size=n_stages - 1, max_size=n_stages - 1)))
+    stages = []
+    for start, sub in zip(starts, subsets):
+        chosen = {rank[s] for s in sub}
+        weights = tuple(draw(st.floats(0.5, 3.0)) if s in chosen else 0.0 for s in range(n_sources))
+        stages.append((start, draw(st.sampled_from(["documents", "tokens"])), weights))
+    # Documents of 0-16 tokens, at least one token per document on average (token quotas stay >= 1).
+    docs = tuple(draw(_source_docs(0, 16, 10).filter(lambda ds: sum(map(len, ds)) >= len(ds))) for _ in range(n_sources))
+    return StagedRecipe(
+        docs=docs,
+        stages=tuple(stages),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        chunk_size=draw(st.integers(8 * n_sources, 24)),
+        seq_len=draw(st.integers(1, 10)),
+        mode=draw(st.sampled_from(["concat", "pad"])),
+        shuffle_window=draw(st.one_of(st.none(), st.integers(2, 5))),
+        batch_size=draw(st.integers(1, 3)),
+        exhausted=draw(st.sampled_from(["repeat", "stop"])) if finite else "repeat",
+    )

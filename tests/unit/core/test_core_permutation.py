@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_core.curriculum.permutation import IndexPermutation, derive_key, permute_rows
+from zephon_core.curriculum.permutation import IndexPermutation, derive_key, feistel_domain, permute_ragged
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 15, 16, 17, 64, 1000, 4097])
@@ -97,16 +97,16 @@ def test_golden_values_pin_checkpoint_compatibility():
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
-@given(n=st.integers(1, 700), keys=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=6), data=st.data())
-def test_permute_rows_equals_one_take_per_row(n, keys, data):
-    width = data.draw(st.integers(0, min(n, 40)))
-    rows = np.array([data.draw(st.lists(st.integers(0, n - 1), min_size=width, max_size=width)) for _ in keys], dtype=np.int64).reshape(len(keys), width)
-    expected = np.stack([IndexPermutation(n, k).take(r) for k, r in zip(keys, rows)]) if width else rows
-    out = permute_rows(n, keys, rows)
-    assert out.shape == rows.shape and out.dtype == np.int64
-    assert np.array_equal(out, expected)
+@given(sizes=st.lists(st.integers(2, 700), min_size=1, max_size=6), data=st.data())
+def test_permute_ragged_equals_one_permutation_per_size(sizes, data):
+    domain = feistel_domain(sizes[0])
+    sizes = [n for n in sizes if feistel_domain(n) == domain]
+    keys = [data.draw(st.integers(0, 2**64 - 1)) for _ in sizes]
+    out = permute_ragged(sizes, keys)
+    assert [o.dtype for o in out] == [np.dtype(np.int64)] * len(sizes)
+    assert all(np.array_equal(o, IndexPermutation(n, k).take(np.arange(n))) for o, n, k in zip(out, sizes, keys))
 
 
-def test_permute_rows_refuses_out_of_range():
-    with pytest.raises(IndexError):
-        permute_rows(10, [1], np.array([[3, 10]]))
+def test_permute_ragged_refuses_sizes_of_different_domains():
+    with pytest.raises(ValueError, match="one Feistel domain"):
+        permute_ragged([10, 300], [1, 2])

@@ -10,7 +10,14 @@ chunk_size, seq_len, pack mode, optional shuffle window, batch size), random
 3. execution knobs (parallelism, runner, prefetch, readahead, reader
    threads) never change the data;
 4. restore cost does not grow with the position restored to;
-5. a mid-step checkpoint resumed on another topology loses and repeats no row.
+5. a mid-step checkpoint resumed on another topology loses and repeats no row;
+6. staged curricula (random schedules of 1-3 stages over random subsets of the
+   sources, weighted by documents or tokens): 1 and 2 hold; a checkpoint taken
+   under the first stages and resumed with the rest appended gives exactly the
+   run of the whole schedule from the start, on any DP sequence, or is refused
+   naming the stage; no document is repeated within a source epoch or skipped
+   across a stage change; token-weighted stages give each source its token
+   quota per chunk to within one document.
 
 ``ZEPHON_SOAK=1`` raises the number of examples for an opt-in long run.
 """
@@ -25,7 +32,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 # The helpers module must be importable by name, also from process-pool workers.
@@ -33,18 +40,22 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
+import numpy as np  # noqa: E402
 from property_strategies import (  # noqa: E402
     CANONICAL_REPLICAS,
     CountingMemorySource,
     Recipe,
+    StagedRecipe,
     batch_key,
     divisors,
     recipes,
     row_counter,
+    staged_recipes,
     text_recipes,
 )
 
-from zephon_core import Pipeline  # noqa: E402
+from zephon_core import Pipeline, StateError  # noqa: E402
+from zephon_core.tools.curriculum_audit import audit_curriculum  # noqa: E402
 from zephon_core.tools.simulate import Phase, StepRecord, first_mismatch, run_phase, run_schedule  # noqa: E402
 
 SOAK = os.environ.get("ZEPHON_SOAK", "") not in ("", "0")
@@ -97,7 +108,7 @@ def delivered_per_lane(state: dict[str, Any]) -> dict[int, int]:
 class Maker:
     """A ``(dp_degree, dp_group_id) -> Pipeline`` factory over shared sources."""
 
-    def __init__(self, recipe: Recipe, C: int, knob: dict[str, int] | None = None) -> None:
+    def __init__(self, recipe: Any, C: int, knob: dict[str, int] | None = None) -> None:
         self.recipe, self.C, self.knob = recipe, C, knob or {}
         self.sources = recipe.sources()
 
@@ -119,6 +130,10 @@ def elastic_schedules(draw: st.DrawFn) -> tuple[int, int, list[tuple[int, int]],
 @examples(30)
 @given(recipe=recipes(), schedule=elastic_schedules(), knob=knobs())
 def test_elastic_equivalence_per_step(recipe: Recipe, schedule: tuple[int, int, list[tuple[int, int]], int], knob: dict[str, int]) -> None:
+    check_elastic_equivalence(recipe, schedule, knob)
+
+
+def check_elastic_equivalence(recipe: Any, schedule: tuple[int, int, list[tuple[int, int]], int], knob: dict[str, int]) -> None:
     C, k, phases, G_ref = schedule
     make = Maker(recipe, C, knob)
     bps = k * C
@@ -150,6 +165,10 @@ def cut_plans(draw: st.DrawFn) -> tuple[int, int, int, int, list[int], list[dict
 @examples(40)
 @given(recipe=recipes(finite=True), plan=cut_plans())
 def test_checkpoint_at_any_batch_restores_byte_identically(recipe: Recipe, plan: tuple[int, int, int, int, list[int], list[dict[str, int]]]) -> None:
+    check_cuts_restore_identically(recipe, plan)
+
+
+def check_cuts_restore_identically(recipe: Any, plan: tuple[int, int, int, int, list[int], list[dict[str, int]]]) -> None:
     C, G, gid, total, cuts, segment_knobs = plan
     make = Maker(recipe, C)
     with make(G, gid) as ref_pipe:
@@ -330,3 +349,90 @@ def test_mid_step_grouping_may_differ_but_rows_do_not(C: int) -> None:
     assert set(delivered_per_lane(state).values()) == {2}
     reference = run_schedule(make, [Phase(C, 2)], C)
     assert all_rows(first + second) == all_rows(reference)
+
+
+# -- 6. staged curricula -----------------------------------------------------------------
+@examples(25)
+@given(recipe=staged_recipes(), schedule=elastic_schedules(), knob=knobs())
+def test_staged_curriculum_elastic_equivalence_per_step(recipe: StagedRecipe, schedule: tuple[int, int, list[tuple[int, int]], int],
+                                                        knob: dict[str, int]) -> None:
+    check_elastic_equivalence(recipe, schedule, knob)
+
+
+@examples(25)
+@given(recipe=staged_recipes(finite=True), plan=cut_plans())
+def test_staged_curriculum_checkpoint_at_any_batch_restores_byte_identically(recipe: StagedRecipe, plan: Any) -> None:
+    check_cuts_restore_identically(recipe, plan)
+
+
+@st.composite
+def resume_plans(draw: st.DrawFn) -> tuple[int, int, int, int, int, int, int]:
+    """C, batches per step, (dp, steps) before the checkpoint, (dp, steps) after it, reference dp."""
+    C = draw(st.sampled_from([1, 2, 3, 4, 6]))
+    bps = C * draw(st.integers(1, 2))
+    return (C, bps, draw(st.sampled_from(divisors(C))), draw(st.integers(1, 6)), draw(st.sampled_from(divisors(C))),
+            draw(st.integers(1, 4)), draw(st.sampled_from(divisors(C))))
+
+
+@examples(30)
+@given(recipe=staged_recipes().filter(lambda r: len(r.stages) > 1), plan=resume_plans(), data=st.data())
+def test_appending_stages_at_a_checkpoint_gives_the_whole_schedule_from_the_start(recipe: StagedRecipe, plan: Any, data: st.DataObject) -> None:
+    C, bps, G1, m1, G2, m2, G_ref = plan
+    kept = data.draw(st.integers(1, len(recipe.stages) - 1), label="stages before the resume")
+    sources = recipe.sources()
+
+    def maker(upto: int | None) -> Any:
+        return lambda G, gid: recipe.pipeline(sources, upto).options(canonical_replicas=C, dp_degree=G, dp_group_id=gid, prefetch=0)
+
+    first, state = run_phase(maker(kept), Phase(G1, m1), bps, None)
+    resumed = maker(None)(G2, 0)
+    verdict = resumed.resume_verdict(json.loads(json.dumps(state)))
+    appended_at = recipe.stages[kept][0]
+    event("refused" if not verdict.accepted else "accepted")
+    if not verdict.accepted:
+        # Refused only because a lane already read the chunk where the appended stage starts.
+        assert f"stages[{kept}] ('s{kept}') changes the data from global chunk {appended_at}" in verdict.message, verdict.message
+        frontier = int(verdict.message.split("must start at global chunk ")[1].split()[0])
+        assert frontier > appended_at
+        with pytest.raises(StateError, match="must start at global chunk"):
+            resumed.restore(state)
+        return
+    second, _ = run_phase(maker(None), Phase(G2, m2), bps, state)
+    reference = run_schedule(maker(None), [Phase(G_ref, m1 + m2)], bps)
+    assert first_mismatch(reference, first + second, provenance=True) is None
+
+
+@examples(40)
+@given(recipe=staged_recipes(finite=True), upto=st.integers(1, 60))
+def test_staged_sources_never_repeat_or_skip_a_document_within_an_epoch(recipe: StagedRecipe, upto: int) -> None:
+    ws = recipe.work_source()
+    audit = audit_curriculum(ws, upto)
+    assert not audit.problems, audit.problems
+    assert audit.chunks == min(upto, ws.num_chunks or upto)
+    for s in range(len(ws.sources)):  # the schedule's closed form agrees with the chunks themselves
+        assert ws.schedule.position(s, audit.chunks) >= audit.used[s]  # "stop" clips the last chunk
+        if ws.num_chunks is None or audit.chunks < ws.num_chunks:
+            assert ws.schedule.position(s, audit.chunks) == audit.used[s]
+    if ws.num_chunks is not None and upto >= ws.num_chunks:
+        # "stop": the curriculum ends with the chunk in which a source of its stage used its last document, none beyond.
+        assert max(u / len(src) for u, src in zip(audit.used, ws.sources)) == 1.0
+        assert ws.chunk(ws.num_chunks) is None and ws.chunk(ws.num_chunks - 1) is not None
+
+
+@examples(40)
+@given(recipe=staged_recipes(), upto=st.integers(1, 40))
+def test_token_stages_give_each_source_its_quota_to_within_one_document(recipe: StagedRecipe, upto: int) -> None:
+    ws = recipe.work_source()
+    lengths = [np.array([len(d) for d in docs], dtype=np.int64) for docs in recipe.docs]
+    sched = ws.schedule
+    for plan, end in zip(sched.plans, [*sched.starts[1:].tolist(), upto]):
+        if not plan.by_tokens or plan.start_chunk >= upto:
+            continue
+        end = min(end, upto)
+        got = [0] * len(ws.sources)
+        for g, chunk in zip(range(plan.start_chunk, end), ws.chunks(list(range(plan.start_chunk, end)))):
+            assert chunk is not None
+            for s, q in enumerate(plan.per_chunk):
+                got[s] += int(lengths[s][chunk.documents[chunk.sources == s]].sum())
+                want = (g + 1 - plan.start_chunk) * q
+                assert want <= got[s] < want + max(1, int(lengths[s].max())) or q == 0, (plan.name, g, s, got[s], want)

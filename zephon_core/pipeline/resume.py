@@ -1,0 +1,106 @@
+"""Whether a checkpoint state resumes into a pipeline whose data definition differs, and why or why not.
+
+The operators must be the same. The curriculum may differ only from a global
+chunk ``G`` on (``checkpoint.compat.divergence``: stages appended, or not yet
+started stages changed) and only if the state's lanes have read no chunk at
+or after ``G``: what a lane has read ends at its cursor, or — when its cursor
+is inside a partly delivered shuffle window — at the window's end, found by
+refilling that window as the restore itself will (the two curricula agree on
+every chunk before ``G``, so the new one refills it exactly as the old did).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from zephon_core.batch import Cursor
+from zephon_core.checkpoint.compat import Divergence, divergence
+from zephon_core.checkpoint.merge import diff_definitions
+from zephon_core.checkpoint.state import LaneState
+from zephon_core.curriculum.work_source import WorkSource
+from zephon_core.lane.packing import Position
+from zephon_core.lane.stream import window_end
+from zephon_core.pipeline.engine import OperatorChain
+
+CHANGED_DATA = "the checkpoint was taken with different data (checkpoint vs this pipeline)"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A state against a pipeline: ``accepted``, ``message`` (one line) and the differences behind it."""
+
+    accepted: bool
+    message: str
+    differences: list[str] = field(default_factory=list)
+
+
+def _summary(diffs: list[str]) -> str:
+    return "; ".join(diffs[:5]) + ("; ..." if len(diffs) > 5 else "")
+
+
+def last_read_chunk(lane: int, cursor: Cursor, C: int, work_source: WorkSource, chain: Callable[[], OperatorChain]) -> int:
+    """The last global chunk lane ``lane`` has read any document of at ``cursor`` (-1: none)."""
+    k, i, t = cursor.chunk, cursor.document, cursor.token
+    ops = chain() if cursor.delivered_in_window else None
+    if ops is not None and ops.shuffle is not None:
+        k, i, t = window_end(lane, C, work_source, ops.doc_ops, ops.pack, ops.shuffle.window, Position(k, i, t))
+    last = k if (i or t) else k - 1
+    return lane + last * C if last >= 0 else -1
+
+
+def _reach(lanes: Mapping[int, LaneState], C: int, work_source: WorkSource, chain: Callable[[], OperatorChain]) -> tuple[int, int | None]:
+    """One past the last global chunk the lanes have read, and the lane that read it."""
+    frontier, who = 0, None
+    for lane, ls in sorted(lanes.items()):
+        g = last_read_chunk(lane, ls.cursor, C, work_source, chain)
+        if g + 1 > frontier:
+            frontier, who = g + 1, lane
+    return frontier, who
+
+
+def _where(work_source: WorkSource, g: int) -> str:
+    """``g`` in the units a schedule plans in, where the work source knows them."""
+    planned = getattr(work_source, "planned_tokens", None)
+    tokens = planned(g) if callable(planned) else None
+    if tokens is None:
+        return ""
+    per_step = getattr(work_source, "tokens_per_step", None)
+    step = f", step ~{tokens / per_step:.0f}" if per_step else ""
+    return f" (~{tokens:.4g} tokens planned{step})"
+
+
+def resume_verdict(state: Mapping[str, Any], lanes: Mapping[int, LaneState], definition: Mapping[str, Any], work_source: WorkSource,
+                   chain: Callable[[], OperatorChain]) -> Verdict:
+    """Whether ``state`` (with parsed ``lanes``) resumes into a pipeline of ``definition`` over ``work_source``
+    (``chain`` gives its operators, needed only to refill a partly delivered shuffle window)."""
+    old = state["definition"]
+    if old == definition:
+        return Verdict(True, "same data definition")
+    others = sorted((set(old) | set(definition)) - {"work_source"})
+    diffs = [d for k in others for d in diff_definitions(old.get(k), definition.get(k), k)]
+    found = divergence(old.get("work_source", {}), definition.get("work_source", {}))
+    if found is None and not diffs:
+        return Verdict(True, "same data")
+    if diffs or found is None or found.chunk is None:
+        diffs += found.reasons if found is not None else []
+        return Verdict(False, f"{CHANGED_DATA}: {_summary(diffs)}", diffs)
+    return _stage_verdict(found, lanes, int(state["canonical_replicas"]), work_source, chain)
+
+
+def _stage_verdict(found: Divergence, lanes: Mapping[int, LaneState], C: int, work_source: WorkSource,
+                   chain: Callable[[], OperatorChain]) -> Verdict:
+    assert found.chunk is not None
+    frontier, who = _reach(lanes, C, work_source, chain)
+    read = f"global chunk {frontier - 1} (lane {who})" if who is not None else "no chunk yet"
+    if found.chunk >= frontier:
+        return Verdict(True, f"{found.stage} changes the data from global chunk {found.chunk}{_where(work_source, found.chunk)}; "
+                             f"the checkpoint's lanes have read up to {read}, so what they delivered stays the same", found.reasons)
+    return Verdict(
+        False,
+        f"{CHANGED_DATA}: {found.stage} changes the data from global chunk {found.chunk}{_where(work_source, found.chunk)}, but the "
+        f"checkpoint's lanes have read up to {read}; a stage that is appended or changed must start at global chunk {frontier} or later"
+        f"{_where(work_source, frontier)}: {_summary(found.reasons)}",
+        found.reasons,
+    )
