@@ -25,6 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 # P8's corpus and block mode: 16 shards of ~5 MB; blocks of 512 documents (~1.2 MB), windows of 4 blocks.
 SHARDS, DOCS_PER_SHARD, BLOCK = 16, 2048, 512
+PAGE_POOL_MB = 24  # 4 lanes x a window of 4 blocks (~5 MB) fit; a tenth of the corpus would not help per-document order much
 perf = time.perf_counter
 
 
@@ -131,7 +132,12 @@ def case_s3_reads(a: dict) -> dict:
             (folder / f"part-{k:03d}.jsonl").write_text("\n".join(lines) + "\n")
         (folder / ".complete").touch()
     batches = a.get("batches", 60)
-    out: dict[str, Any] = {"latency_ms": 20, "batches": batches}
+    # A page pool well under the corpus (80 MB), as 256 MiB is under any real corpus: otherwise
+    # the whole corpus would stay in memory and per-document order would look as cheap as blocks.
+    from zephon_core.sources import remote
+
+    remote.PAGES.budget_bytes = PAGE_POOL_MB << 20
+    out: dict[str, Any] = {"latency_ms": 20, "batches": batches, "page_pool_mb": PAGE_POOL_MB}
     with tempfile.TemporaryDirectory() as cache:
         for mode, block in (("per_document", None), ("blocks", BLOCK)):
             dt, tokens = _run(_pipeline(JsonlSource(str(folder), cache_dir=f"{cache}/l{mode}"), tok, block), batches)

@@ -1,9 +1,10 @@
 """Reading byte ranges of one file: ``LocalBytes`` (pread) and, on an object store, ``RemoteBytes``:
 few, verified, retried requests.
 
-Reads are served from fixed-size pages (1 MiB) kept in a small in-memory LRU per
-file: the pages a batch of documents needs are fetched with one request per run
-of consecutive missing pages (coalesced range requests), so documents that lie
+Reads are served from fixed-size pages (1 MiB) kept in one in-memory LRU per
+process with a byte budget (``PagePool``): the pages a batch of documents needs
+are fetched with one request per run of consecutive missing pages (coalesced
+range requests), so documents that lie
 close together, as a block-shuffled source reads them, cost one request for
 many. Every request is checked for its byte count and retried with backoff on
 transient failures (5xx, SlowDown, connection resets, short bodies); after the
@@ -13,6 +14,7 @@ Timing and retries never change the bytes returned.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -74,31 +76,70 @@ class LocalBytes:
                     self._fd = os.open(self.path, os.O_RDONLY)
         return [os.pread(self._fd, length, start) for start, length in spans]
 
+    def scan(self, start: int, length: int) -> bytes:
+        """One read of a pass over the file (as ``RemoteBytes.scan``)."""
+        (block,) = self.read_many([(start, length)])
+        return block
+
     def __del__(self) -> None:
         fd = getattr(self, "_fd", None)
         if fd is not None:
             os.close(fd)
 
 
-class RemoteBytes:
-    """Byte ranges of one object, read through a page cache of ``cached_pages`` pages."""
+class PagePool:
+    """The pages of every ``RemoteBytes`` of a process, least recently used first out, within a byte budget.
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, *, attempts: int = DEFAULT_ATTEMPTS, cached_pages: int = 64) -> None:
+    One budget for all objects: a source of 10,000 shards must not keep a page
+    cache per shard. ``ZEPHON_PAGE_CACHE_MB`` sets it (default 256); it changes
+    how often a page is fetched again, never the bytes returned.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._pages: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def get_many(self, owner: int, pages: list[int]) -> dict[int, bytes]:
+        with self._lock:
+            have = {}
+            for p in pages:
+                data = self._pages.get((owner, p))
+                if data is not None:
+                    self._pages.move_to_end((owner, p))
+                    have[p] = data
+            return have
+
+    def put_many(self, owner: int, pages: dict[int, bytes]) -> None:
+        with self._lock:
+            for p, data in pages.items():
+                old = self._pages.pop((owner, p), None)
+                self._held += len(data) - (len(old) if old is not None else 0)
+                self._pages[(owner, p)] = data
+            while self._held > self.budget_bytes and self._pages:
+                _, data = self._pages.popitem(last=False)
+                self._held -= len(data)
+
+
+_OWNERS = itertools.count()
+PAGES = PagePool(int(float(os.environ.get("ZEPHON_PAGE_CACHE_MB", "256")) * (1 << 20)))
+
+
+class RemoteBytes:
+    """Byte ranges of one object, read through the process's page pool (``PAGES``)."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, *, attempts: int = DEFAULT_ATTEMPTS, pool: PagePool | None = None) -> None:
         self.fs = fs
         self.path = path
         self.size = size
         self.attempts = attempts
-        self._cached_pages = cached_pages
-        self._pages: OrderedDict[int, bytes] = OrderedDict()
-        self._lock = threading.Lock()
+        self._pool = pool or PAGES
+        self._owner = next(_OWNERS)  # pages are this object's alone: a new object (a new version) never sees old pages
         self.requests = 0  # how many range requests this object cost (for benchmarks)
 
     def read_many(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
         """The bytes of each ``(start, length)`` span, in order."""
-        if len(spans) == 1 and spans[0][1] >= PAGE_BYTES * MAX_REQUEST_PAGES // 2:  # a big read (a scan): no caching
-            start, length = spans[0]
-            self.requests += 1
-            return [fetch_range(self.fs, self.path, start, start + length, self.attempts)]
         wanted = sorted({p for start, length in spans for p in range(start // PAGE_BYTES, (start + max(length, 1) - 1) // PAGE_BYTES + 1)})
         pages = self._pages_for(wanted)
         out = []
@@ -109,24 +150,23 @@ class RemoteBytes:
             out.append(blob[offset : offset + length])
         return out
 
+    def scan(self, start: int, length: int) -> bytes:
+        """One verified read that bypasses the pool: a pass over the whole object must not evict the pages in use."""
+        self.requests += 1
+        return fetch_range(self.fs, self.path, start, start + length, self.attempts)
+
     def _pages_for(self, wanted: list[int]) -> dict[int, bytes]:
-        with self._lock:
-            have = {p: self._pages[p] for p in wanted if p in self._pages}
-            for p in have:
-                self._pages.move_to_end(p)
+        have = self._pool.get_many(self._owner, wanted)
         missing = [p for p in wanted if p not in have]
+        fetched: dict[int, bytes] = {}
         for run in _runs(missing, MAX_REQUEST_PAGES):
             start, end = run[0] * PAGE_BYTES, min(self.size, (run[-1] + 1) * PAGE_BYTES)
             data = fetch_range(self.fs, self.path, start, end, self.attempts)
             self.requests += 1
             for k, p in enumerate(run):
-                have[p] = data[k * PAGE_BYTES : (k + 1) * PAGE_BYTES]
-        with self._lock:
-            for p in missing:
-                self._pages[p] = have[p]
-            while len(self._pages) > max(self._cached_pages, len(wanted)):
-                self._pages.popitem(last=False)
-        return have
+                fetched[p] = data[k * PAGE_BYTES : (k + 1) * PAGE_BYTES]
+        self._pool.put_many(self._owner, fetched)
+        return {**have, **fetched}
 
 
 def _runs(pages: list[int], longest: int) -> list[list[int]]:
@@ -151,7 +191,7 @@ def iter_bytes(reader: LocalBytes | RemoteBytes, step: int = 4 << 20) -> Any:
     """The whole content of ``reader`` in verified blocks of ``step`` bytes (a store's stream API can
     hide a failed request as an early end of file; these reads cannot)."""
     for start in range(0, reader.size, step):
-        (block,) = reader.read_many([(start, min(step, reader.size - start))])
+        block = reader.scan(start, min(step, reader.size - start))
         if len(block) != min(step, reader.size - start):
             raise DataError(f"{reader.path}: short read at byte {start} ({len(block)} bytes)")
         yield block
