@@ -18,6 +18,7 @@ from fsspec.core import url_to_fs
 from zephon_core.errors import DataError
 
 _GLOB_CHARS = frozenset("*?[")
+INDEX_DIR = ".zephon-index"  # a folder's per-file index sidecars (``zephon index``): never part of its file set
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,18 @@ def _matches(path: str, suffixes: Sequence[str]) -> bool:
     return any(path.endswith(s) for s in suffixes)
 
 
+def _find(fs: fsspec.AbstractFileSystem, folder: str) -> dict[str, dict[str, Any]]:
+    """Every file under ``folder``, recursively, except the index sidecars: walking folder by folder
+    lists each level once (one delimited listing on an object store) and skips the sidecars'
+    folder, which holds as many objects as the data."""
+    out: dict[str, dict[str, Any]] = {}
+    fs.invalidate_cache(folder)  # a listing cached earlier in this process could hide a changed shard
+    for _, dirs, files in fs.walk(folder, detail=True):
+        dirs.pop(INDEX_DIR, None)  # in place: walk does not descend into it
+        out.update({str(i["name"]): i for i in files.values()})
+    return out
+
+
 def list_files(path: str | Sequence[str], suffixes: Sequence[str], storage_options: dict[str, Any] | None = None) -> FileSet:
     """Expand ``path`` (one file, a glob, a folder: its files ending in ``suffixes``, recursively, or a list of any of them)."""
     specs = [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]
@@ -72,6 +85,7 @@ def list_files(path: str | Sequence[str], suffixes: Sequence[str], storage_optio
     for spec in specs:
         _, inner = url_to_fs(spec, **(storage_options or {}))  # (open_fs would expand a glob)
         if _GLOB_CHARS & set(inner):
+            fs.invalidate_cache(inner[: min(inner.find(c) for c in _GLOB_CHARS if c in inner)].rsplit("/", 1)[0])
             hits = fs.glob(inner, detail=True)
             roots.append(inner[: min(inner.find(c) for c in _GLOB_CHARS if c in inner)].rsplit("/", 1)[0])
             for info in hits.values():
@@ -87,7 +101,7 @@ def list_files(path: str | Sequence[str], suffixes: Sequence[str], storage_optio
             raise DataError(f"{spec}: no such file or folder") from None
         if info.get("type") == "directory":
             roots.append(inner.rstrip("/"))
-            hits = {p: i for p, i in fs.find(inner, detail=True).items() if _matches(p, suffixes)}
+            hits = {p: i for p, i in _find(fs, inner).items() if _matches(p, suffixes)}
             if not hits:
                 raise DataError(f"{spec}: a folder with no {' or '.join(suffixes)} file in it")
             found.update({str(i["name"]): _stat(i) for i in hits.values()})

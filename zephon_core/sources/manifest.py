@@ -24,10 +24,9 @@ import numpy as np
 
 from zephon_core.errors import DataError
 from zephon_core.sources.base import content_fingerprint, is_local
-from zephon_core.sources.files import FileSet, FileStat
+from zephon_core.sources.files import INDEX_DIR, FileSet, FileStat
 
 MANIFEST = "zephon-manifest.json"
-INDEX_DIR = ".zephon-index"
 FORMAT, VERSION = "zephon.manifest", 1
 
 

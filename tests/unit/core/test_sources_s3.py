@@ -106,3 +106,13 @@ def test_a_manifest_on_s3_is_one_read_plus_one_listing(s3_endpoint):
         src = JsonlSource(s3_endpoint.url("man"), storage_options=through(proxy, s3_endpoint))
         assert len(src) == 36
         assert proxy.counts["GET"] <= 4, proxy.counts  # the listing (1-2 requests) and the manifest; no shard
+        listed = src.files.files
+        assert all("/.zephon-index/" not in st.path for st in listed) and len(listed) == 12
+
+        # A shard added after the manifest, seen by the same process through the same (cached) store
+        # client, which keeps listings: refused, naming it.
+        shared = {**proxy.endpoint(s3_endpoint.bucket).storage_options, "use_listings_cache": True}
+        assert len(JsonlSource(s3_endpoint.url("man"), storage_options=shared)) == 36
+        s3_endpoint.filesystem().pipe_file(f"{s3_endpoint.bucket}/man/part-999.jsonl", b'{"text": "late"}\n')
+        with pytest.raises(DataError, match=r"stale: file part-999\.jsonl is not in the manifest"):
+            JsonlSource(s3_endpoint.url("man"), storage_options=shared)
