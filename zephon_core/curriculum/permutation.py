@@ -25,6 +25,13 @@ def derive_key(*parts: object) -> int:
     return struct.unpack("<Q", hashlib.blake2b(text, digest_size=8).digest())[0]
 
 
+def round_keys(key: int) -> list[int]:
+    """``[derive_key(key, r) for r in range(_ROUNDS)]`` without the per-call joins: a permutation's round keys."""
+    prefix = repr(int(key)).encode() + b"\x1f"
+    return [int.from_bytes(hashlib.blake2b(prefix + _ROUND_SUFFIX[r], digest_size=8).digest(), "little") for r in range(_ROUNDS)]
+
+
+_ROUND_SUFFIX = [repr(r).encode() for r in range(_ROUNDS)]
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _U64 = (1 << 64) - 1
@@ -79,7 +86,7 @@ class IndexPermutation:
         self.n = int(n)
         self.key = int(key)
         self._half_bits, self._mask = _geometry(self.n)
-        self._round_keys = [np.uint64(derive_key(self.key, r)) for r in range(_ROUNDS)]
+        self._round_keys = [np.uint64(k) for k in round_keys(self.key)]
         self._int_round_keys = [int(k) for k in self._round_keys]
 
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
@@ -126,7 +133,7 @@ class IndexPermutation:
 def _rows_feistel(x: np.ndarray, rows: np.ndarray, bounds: np.ndarray, n: int, keys: Sequence[int]) -> np.ndarray:
     """Element ``i`` of ``x`` mapped by the permutation of ``[0, bounds[i])`` keyed ``keys[rows[i]]``, in the domain of ``n``."""
     half_bits, mask = _geometry(n)
-    per_row = np.array([[derive_key(int(k), r) for r in range(_ROUNDS)] for k in keys], dtype=np.uint64).reshape(len(keys), _ROUNDS)
+    per_row = np.array([round_keys(k) for k in keys], dtype=np.uint64).reshape(len(keys), _ROUNDS)
     with np.errstate(over="ignore"):
         out = _feistel(x.astype(np.uint64), half_bits, mask, list(per_row[rows].T))
         todo = np.flatnonzero(out >= bounds)

@@ -110,3 +110,26 @@ def test_permute_ragged_equals_one_permutation_per_size(sizes, data):
 def test_permute_ragged_refuses_sizes_of_different_domains():
     with pytest.raises(ValueError, match="one Feistel domain"):
         permute_ragged([10, 300], [1, 2])
+
+
+@given(st.integers(min_value=0, max_value=2**64 - 1))
+def test_round_keys_are_derive_keys_of_each_round(key):
+    from zephon_core.curriculum.permutation import _ROUNDS, round_keys
+
+    assert round_keys(key) == [derive_key(key, r) for r in range(_ROUNDS)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(min_value=1, max_value=5000), st.integers(min_value=0, max_value=2**63), st.lists(st.integers(min_value=0, max_value=10**6), max_size=50))
+def test_an_epoch_kept_as_a_table_maps_positions_as_the_permutation_does(n, seed, positions):
+    import zephon_core.curriculum.order as order
+
+    p = np.asarray(positions, dtype=np.int64)
+    tabled = order.EpochPermutation(n, seed, 0).documents(p)
+    saved = order.EPOCH_TABLE_MAX
+    order.EPOCH_TABLE_MAX = 0  # every epoch through the Feistel network
+    try:
+        direct = order.EpochPermutation(n, seed, 0).documents(p)
+    finally:
+        order.EPOCH_TABLE_MAX = saved
+    assert tabled.tolist() == direct.tolist()
