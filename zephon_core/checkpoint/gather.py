@@ -216,9 +216,12 @@ def account_for(me: Member, rnd: Round, missing: PartsMissing, top: int, budget:
     stuck: list[tuple[int, int]] = []
     notes: list[str] = []
     later = [(level - 1, c) for level in range(missing.level + 2, top + 1) for c in tree.children(level, 0)]
-    blobs = d.get_many([part_file(w.rank_of(c)) for _, c in later])
-    seen = {**missing.seen, **{c: blobs.get(part_file(w.rank_of(c))) for _, c in later}}
-    frontier = [(missing.level, c) for c in missing.slots] + [(lv, c) for lv, c in later if _no_part(seen[c], d, rnd, lv, c)]
+    # On a folder the leader looks at one missing part at a time: those behind the first never looked at are read now.
+    unseen = [(missing.level, c) for c in missing.slots if c not in missing.seen]
+    blobs = d.get_many([part_file(w.rank_of(c)) for _, c in unseen + later])
+    seen = {**missing.seen, **{c: blobs.get(part_file(w.rank_of(c))) for _, c in unseen + later}}
+    frontier = [(missing.level, c) for c in missing.slots if c in missing.seen or _no_part(seen[c], d, rnd, missing.level, c)]
+    frontier += [(lv, c) for lv, c in later if _no_part(seen[c], d, rnd, lv, c)]
     while frontier:
         for _, c in frontier:
             why = why_not_a_part(seen.get(c), rnd)
