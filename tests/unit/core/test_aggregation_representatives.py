@@ -138,3 +138,20 @@ def test_a_merged_file_announces_the_writers_of_the_next_round(tmp_path):
     header = json.loads(name.read_bytes().split(b"\n", 1)[0])
     assert header["next"]["writers"] == {"world_size": 16, "groups": 4, "stride": 4}
     assert header["next"]["token"] == ranks.aggs[5].next.token
+
+
+@pytest.mark.parametrize("later, most", [(False, 32), (True, 16)], ids=["first round", "later round"])
+def test_ranks_wait_for_a_late_leader_without_tight_polling(tmp_path, later, most):
+    """The leader comes 3 s after everyone else; polling every 50 ms would be 60 looks per rank. Ranks
+    pause longer and longer (up to 2 s; timing only: a slower machine makes fewer looks, never more).
+    At a first round a rank looks for round.json from 5 ms on (1.5x each time), then for the merged
+    file (2x): about 20 looks; later it waits until the merged file is due, then 1.5x: about 11."""
+    W, dp = 16, 4
+    ranks = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, fan_in=4)
+    if later:
+        ok(ranks.checkpoint(1), W, 1)
+    ops = counted(ranks)
+    ok(ranks.checkpoint(2, delay={0: 3.0}), W, 2)
+    for r, o in enumerate(ops[1:], start=1):
+        looks = o.by_file["round"] + o.by_file["merged"]
+        assert 1 <= looks <= most, (r, o.as_dict())
