@@ -615,9 +615,8 @@ def _agg_rank(base: str, run_id: str, n: int, r: int, state: dict, so: dict, rou
 
         # Trace where a round's time goes (store calls vs sleeping between polls); the
         # wrappers only count and time the calls, they change nothing.
-        for name in ("read", "write", "names", "remove", "read_many"):
-            if hasattr(agg.dir, name):  # read_many: zephon_core from 89d8b7f on
-                setattr(agg.dir, name, timed(name, getattr(agg.dir, name)))
+        for name in ("get", "put", "names", "remove", "get_many"):
+            setattr(agg.dir, name, timed(name, getattr(agg.dir, name)))
         time.sleep = timed("sleep", time.sleep)
         for k in range(rounds):
             barrier.wait()
@@ -640,12 +639,12 @@ def _store_latency(base: str, so: dict, n: int = 15) -> dict:
     from zephon_core.checkpoint.folder import AggregateFolder
 
     d = AggregateFolder(base, "calibration", so)
-    payload = {"x": "y" * 300}
+    payload = json.dumps({"x": "y" * 300}).encode()
     ts: dict[str, list[float]] = {"write (atomic publish)": [], "read": [], "names (list)": [], "remove (1 file)": []}
     for i in range(n):
         for op, fn in (
-            ("write (atomic publish)", lambda: d.write(f"f{i}.json", payload)),
-            ("read", lambda: d.read(f"f{i}.json")),
+            ("write (atomic publish)", lambda: d.put(f"f{i}.json", payload)),
+            ("read", lambda: d.get(f"f{i}.json")),
             ("names (list)", lambda: d.names()),
             ("remove (1 file)", lambda: d.remove([f"f{i}.json"])),
         ):
@@ -806,6 +805,14 @@ def case_aggregate(a: dict) -> None:
             server.stop()
     out["loadavg"] = os.getloadavg()
     print("RESULT " + json.dumps(out), flush=True)
+
+
+def case_aggregate_scale(a: dict) -> None:
+    """bench/aggregate_scale.py with the command-line arguments ``a["argv"]``: simulated ranks at cluster scale."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import aggregate_scale
+
+    print("RESULT " + json.dumps(aggregate_scale.run(aggregate_scale.parse(a["argv"]))), flush=True)
 
 
 # ----------------------------------------------------------------------------- P5
@@ -1004,6 +1011,7 @@ CASES = {
     "throughput": case_throughput,
     "restore": case_restore,
     "aggregate": case_aggregate,
+    "aggregate_scale": case_aggregate_scale,
     "state_bytes": case_state_bytes,
     "profile_target": case_profile_target,
     "prepare": case_prepare,

@@ -19,6 +19,11 @@ endpoint URL as its first stdout line; the ``mode="process"`` server uses that.
 
 Don't mix the in-thread server with ``moto.mock_aws`` in the same process:
 both use moto's process-global backends. Use ``mode="process"`` there.
+
+``S3Server(latency_s=0.02)`` delays every request by 20 ms inside the server (as a
+remote store would, without using CPU) and counts the requests by kind;
+``S3Server.stats()`` returns the counts (``reset_stats()`` zeroes them). The counts
+come from the server, so they include every request the client library makes.
 """
 
 from __future__ import annotations
@@ -45,7 +50,11 @@ __all__ = [
     "apply_env",
     "shared_s3_server",
     "soft_barrier",
+    "STATS_PATH",
 ]
+
+#: A path no bucket can have: GET returns the request counts, DELETE zeroes them.
+STATS_PATH = "/__zephon__/stats"
 
 
 class S3Endpoint(dict):
@@ -146,6 +155,64 @@ def _quiet_werkzeug() -> None:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
 
+class _Throttle:
+    """WSGI middleware in front of moto: a fixed delay per request, and counts of requests by kind."""
+
+    def __init__(self, app, latency_s: float) -> None:
+        import threading
+
+        self.app, self.latency_s = app, latency_s
+        self.lock = threading.Lock()
+        self.counts: dict[str, int] = {}
+
+    @staticmethod
+    def kind(environ) -> tuple[str, int]:
+        method, query = environ["REQUEST_METHOD"], environ.get("QUERY_STRING", "")
+        key = environ.get("PATH_INFO", "").lstrip("/").partition("/")[2]
+        if method == "POST" and "delete" in query:
+            import io
+
+            body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+            environ["wsgi.input"] = io.BytesIO(body)
+            return "delete", max(1, body.count(b"<Key>"))
+        if method == "GET" and not key:
+            return "list", 1
+        return {"GET": "get", "PUT": "put", "HEAD": "head", "DELETE": "delete"}.get(method, method.lower()), 1
+
+    def __call__(self, environ, start_response):
+        import json as _json
+
+        if environ.get("PATH_INFO") == STATS_PATH:
+            with self.lock:
+                body = _json.dumps(self.counts).encode()
+                if environ["REQUEST_METHOD"] == "DELETE":
+                    self.counts = {}
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        kind, n = self.kind(environ)
+        with self.lock:
+            self.counts[kind] = self.counts.get(kind, 0) + n
+            self.counts["requests"] = self.counts.get("requests", 0) + 1
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        return self.app(environ, start_response)
+
+
+def _moto_server(latency_s: float):
+    """moto's threaded server on 127.0.0.1:<free port>, behind ``_Throttle``."""
+    from moto.server import DomainDispatcherApplication, MotoRequestHandler, ThreadedMotoServer, create_backend_app
+    from werkzeug.serving import make_server
+
+    class Server(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            app = _Throttle(DomainDispatcherApplication(create_backend_app), latency_s)
+            self._server = make_server(self._ip_address, self._port, app, True, request_handler=MotoRequestHandler)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return Server(ip_address=HOST, port=0, verbose=False)
+
+
 def _create_bucket(endpoint_url: str, bucket: str) -> None:
     import boto3
 
@@ -171,10 +238,11 @@ class S3Server:
     Use as a context manager or call ``start()``/``stop()``.
     """
 
-    def __init__(self, bucket: str = DEFAULT_BUCKET, mode: str = "thread", start_timeout: float = 60.0):
+    def __init__(self, bucket: str = DEFAULT_BUCKET, mode: str = "thread", start_timeout: float = 60.0, latency_s: float = 0.0):
         if mode not in ("thread", "process"):
             raise ValueError(f"mode must be 'thread' or 'process', not {mode!r}")
         self.bucket = bucket
+        self.latency_s = latency_s
         self.mode = mode
         self.start_timeout = start_timeout
         self.endpoint: S3Endpoint | None = None
@@ -194,17 +262,15 @@ class S3Server:
         return self.endpoint
 
     def _start_thread(self) -> str:
-        from moto.server import ThreadedMotoServer
-
         _quiet_werkzeug()
-        self._server = ThreadedMotoServer(ip_address=HOST, port=0, verbose=False)
+        self._server = _moto_server(self.latency_s)
         self._server.start()
         host, port = self._server.get_host_and_port()
         return f"http://{host}:{port}"
 
     def _start_process(self) -> str:
         self._proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--serve"],
+            [sys.executable, os.path.abspath(__file__), "--serve", str(self.latency_s)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -231,6 +297,21 @@ class S3Server:
                 proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
+
+    def stats(self) -> dict[str, int]:
+        """Requests served since the start (or the last ``reset_stats``), by kind: get, put, list, delete (per object), head."""
+        import json as _json
+        import urllib.request
+
+        assert self.endpoint is not None, "start() first"
+        with urllib.request.urlopen(self.endpoint.endpoint_url + STATS_PATH, timeout=30) as r:
+            return _json.loads(r.read())
+
+    def reset_stats(self) -> None:
+        import urllib.request
+
+        assert self.endpoint is not None, "start() first"
+        urllib.request.urlopen(urllib.request.Request(self.endpoint.endpoint_url + STATS_PATH, method="DELETE"), timeout=30).close()
 
     def __enter__(self) -> S3Endpoint:
         return self.start()
@@ -321,11 +402,9 @@ def shared_s3_server(
             server.stop()
 
 
-def _serve_forever() -> int:
-    from moto.server import ThreadedMotoServer
-
+def _serve_forever(latency_s: float = 0.0) -> int:
     _quiet_werkzeug()
-    server = ThreadedMotoServer(ip_address=HOST, port=0, verbose=False)
+    server = _moto_server(latency_s)
     server.start()
     host, port = server.get_host_and_port()
     print(f"http://{host}:{port}", flush=True)
@@ -339,7 +418,7 @@ def _serve_forever() -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        raise SystemExit(_serve_forever())
+    if sys.argv[1:2] == ["--serve"]:
+        raise SystemExit(_serve_forever(float(sys.argv[2]) if len(sys.argv) > 2 else 0.0))
     print(__doc__)
     raise SystemExit(2)

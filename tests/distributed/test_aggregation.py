@@ -114,9 +114,13 @@ def test_every_rank_checkpoints_tp_peers_deduplicated(where, gloo_pg, rank, worl
 
     dist.barrier()
     if rank == 0 and where == "local":
+        # Nothing grows with the number of rounds: round.json, at most one part per rank (overwritten at
+        # each round), the last two merged states (for readers a round behind), no write left in flight.
         left = sorted(os.listdir(os.path.join(agg, run_id)))
-        assert [n for n in left if n.startswith("state-")] == [], f"per-rank files were not cleaned up: {left}"
-        assert len([n for n in left if n.startswith("merged-")]) == 1, left
+        parts = [n for n in left if n.startswith("part-")]
+        merged = [n for n in left if n.startswith("merged-")]
+        assert sorted(set(left) - set(parts) - set(merged)) == ["round.json"], left
+        assert len(merged) <= 2 and len(parts) <= world_size - 1, left
     if rank == 0:
         print(f"aggregation {where} world_size={world_size}: {elapsed * 1000:.1f} ms")
     p.close()

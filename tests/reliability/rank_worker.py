@@ -12,16 +12,18 @@ Faults are injected from outside zephon_core, in this process only:
 ``fault = {"kind": ..., "round": k}`` with kind
 
 * ``kill_before_checkpoint``   SIGKILL instead of calling checkpoint ``k``;
-* ``kill_before_state_write``  SIGKILL when about to write its ``state-*`` file;
-* ``kill_mid_state_write``     write half of the ``state-*`` bytes, then SIGKILL;
-* ``stall_mid_state_write``    write the ``state-*`` bytes to the temporary file,
+* ``kill_before_state_write``  SIGKILL when about to write its ``part-*`` file;
+* ``kill_mid_state_write``     write half of the ``part-*`` bytes, then SIGKILL;
+* ``stall_mid_state_write``    write the ``part-*`` bytes to the temporary file,
                                create ``marker`` and stall (before the rename)
                                until another round is opened;
-* ``kill_before_publish``      (leader) SIGKILL when about to write ``merged-*``;
-* ``kill_after_publish``       (leader) SIGKILL right after writing ``merged-*``;
-* ``slow_follower``            after writing its ``state-*`` file, stall at its
-                               next poll of round.json until the leader has
-                               published and opened its next round;
+* ``kill_before_part_merge``   (a merging writer) SIGKILL once it has read the
+                               parts it merges, before writing its own;
+* ``kill_before_publish``      (leader) SIGKILL when about to write the merged state;
+* ``kill_after_publish``       (leader) SIGKILL right after writing it;
+* ``slow_follower``            after writing its ``part-*`` file, stall before its
+                               first look at the merged state until the leader has
+                               published it and gone on to the next checkpoint;
 * ``file_size_limit``          RLIMIT_FSIZE of ``bytes`` during the checkpoint
                                (writes fail with EFBIG, as on a full disk);
 * ``unprivileged``             drop to uid/gid 65534 before the checkpoint.
@@ -33,7 +35,8 @@ default true); ``gate = {"round": k, "wait_for": path}`` waits for a file before
 ``k``; (``wait_gone``: until a file is gone; ``round_not``: until round.json holds
 another token); ``observe_round = path`` creates that file once this rank has read
 ``round.json`` (so a test can order a new leader after a stale read),
-``observe_write = path`` once it has written a ``state-*`` file.
+``observe_write = path`` once it has written a ``part-*`` file.
+``fan_in`` sets the merge tree's fan-in (small worlds then have merging writers).
 """
 
 from __future__ import annotations
@@ -58,8 +61,13 @@ def main() -> int:
     import relkit
 
     from zephon_core import ZephonError
-    from zephon_core.checkpoint import aggregate as agg
+    from zephon_core.checkpoint import gather, tree
     from zephon_core.checkpoint.folder import AggregateFolder
+    from zephon_core.checkpoint.names import ROUND_FILE
+    from zephon_core.checkpoint.records import decode_round
+
+    if cfg.get("fan_in"):
+        tree.FAN_IN = cfg["fan_in"]
 
     held: dict = {"out": None}  # a result file kept open while privileged (see "unprivileged")
 
@@ -88,40 +96,53 @@ def main() -> int:
     def touch(path: str) -> None:
         open(path, "w").close()
 
-    orig_write, orig_read = AggregateFolder.write, AggregateFolder.read
+    orig_put, orig_get = AggregateFolder.put, AggregateFolder.get
 
-    def write(self, name, value):
-        if name.startswith("state-") and armed("kill_before_state_write"):
+    def round_token(folder):
+        rf = decode_round(orig_get(folder, ROUND_FILE), cfg["world_size"])
+        return rf.round.token if rf else None
+
+    def put(self, name, data):
+        publishing = name.startswith("merged-") and b'"kind":"zephon.merged"' in data[:40]  # not a note sending readers on
+        if name.startswith("part-") and armed("kill_before_state_write"):
             die()
-        if name.startswith("merged-") and armed("kill_before_publish"):
+        if publishing and armed("kill_before_publish"):
             die()
         current["partial"] = None
-        if name.startswith("state-") and (armed("kill_mid_state_write") or armed("stall_mid_state_write")) and not current.get("stalled_write"):
-            current["partial"] = (self, name.split("-")[1])
+        if name.startswith("part-") and (armed("kill_mid_state_write") or armed("stall_mid_state_write")) and not current.get("stalled_write"):
+            current["partial"] = (self, round_token(self))
             current["stalled_write"] = True  # once
-        orig_write(self, name, value)
+        orig_put(self, name, data)
         current["partial"] = None
-        if name.startswith("merged-") and armed("kill_after_publish"):
+        if publishing and armed("kill_after_publish"):
             die()
-        if name.startswith("state-") and cfg.get("observe_write"):
+        if name.startswith("part-") and cfg.get("observe_write"):
             touch(cfg["observe_write"])
-        if name.startswith("state-") and armed("slow_follower") and not current.get("stalled"):
-            current["joined"] = name.split("-")[1]
+        if name.startswith("part-") and armed("slow_follower") and not current.get("stalled"):
+            current["joined"] = True
 
     observed = {"done": False}
 
-    def read(self, name):
-        joined = current.get("joined")
-        if name == agg.ROUND_FILE and joined and armed("slow_follower"):
-            # Descheduled between two polls, long enough for the leader to
-            # publish this round and open its next one.
+    def get(self, name):
+        if name.startswith("merged-") and current.get("joined") and armed("slow_follower"):
+            # Descheduled before its first look, long enough for the leader to publish
+            # this round and start the next checkpoint (no collective in between).
             current["joined"], current["stalled"] = None, True
-            relkit.wait_for(lambda: (orig_read(self, agg.ROUND_FILE) or {}).get("token") not in (None, joined), 60, "the next round")
-        value = orig_read(self, name)
-        if name == agg.ROUND_FILE and cfg.get("observe_round") and not observed["done"]:
+            relkit.wait_for(lambda: orig_get(self, name) is not None, 60, "the merged state")
+            time.sleep(1.0)
+        value = orig_get(self, name)
+        if name == ROUND_FILE and cfg.get("observe_round") and not observed["done"]:
             observed["done"] = True
             touch(cfg["observe_round"])
         return value
+
+    orig_await = gather.Gatherer.await_parts
+
+    def await_parts(self, level, kids):
+        got = yield from orig_await(self, level, kids)
+        if armed("kill_before_part_merge"):
+            die()
+        return got
 
     real_fdopen = os.fdopen
 
@@ -148,14 +169,15 @@ def main() -> int:
                 # stall_mid_state_write: the bytes are in the temporary file, not
                 # yet renamed; stall until the leader has opened another round.
                 touch(fault["marker"])
-                relkit.wait_for(lambda: (orig_read(folder, agg.ROUND_FILE) or {}).get("token") not in (None, token), 60, "a new round")
+                relkit.wait_for(lambda: round_token(folder) not in (None, token), 60, "a new round")
 
             def __getattr__(self, name):
                 return getattr(f, name)
 
         return FaultyWriter()
 
-    AggregateFolder.write, AggregateFolder.read = write, read
+    AggregateFolder.put, AggregateFolder.get = put, get
+    gather.Gatherer.await_parts = await_parts
     os.fdopen = fdopen
 
     options = dict(
@@ -191,7 +213,7 @@ def main() -> int:
                 relkit.wait_for(lambda: glob.glob(gate["wait_for"]), gate.get("timeout", 60), gate["wait_for"])
             if gate.get("round", 0) == k and gate.get("round_not"):
                 fs, _, (root,) = fsspec.get_fs_token_paths(cfg["agg"], storage_options=cfg.get("storage_options") or {})
-                where = f"{root.rstrip('/')}/{cfg['run_id']}/{agg.ROUND_FILE}"
+                where = f"{root.rstrip('/')}/{cfg['run_id']}/{ROUND_FILE}"
 
                 def new_round() -> bool:
                     try:

@@ -137,6 +137,7 @@ def rank_config(
     tag: str = "",
     barrier: bool = True,
     step_barrier: bool = True,
+    fan_in: int | None = None,
 ) -> dict[str, Any]:
     """What one rank process does: ``segments[k]`` batches, then checkpoint ``k``."""
     name = f"{tag or run_id}-r{rank}"
@@ -159,6 +160,7 @@ def rank_config(
         "observe_write": observe_write,
         "barrier": {"dir": str(bdir), "n": world_size} if barrier else None,
         "step_barrier": step_barrier,
+        "fan_in": fan_in,
         "storage_options": dict(storage_options) if storage_options else None,
         "out": str(workdir / f"{name}.result.json"),
         "cfg": str(workdir / f"{name}.config.json"),
@@ -309,6 +311,24 @@ def shared_tmpdir(prefix: str = "zephon-rel-") -> Path:
     d = Path(tempfile.mkdtemp(prefix=prefix))
     d.chmod(0o755)
     return d
+
+
+def merged_headers(agg: str, run_id: str) -> dict[int, dict[str, Any]]:
+    """The headers of the merged states in a local ``<agg>/<run_id>/``, by round number (notes that send readers on left out)."""
+    out = {}
+    for p in (Path(agg) / run_id).glob("merged-*.json"):
+        head = json.loads(p.read_bytes().split(b"\n", 1)[0])
+        if head.get("kind") == "zephon.merged":
+            out[head["round"]] = head
+    return out
+
+
+def part_token(agg: str, run_id: str, rank: int) -> str | None:
+    """The round token in a local ``part-<rank>.json``, or None."""
+    try:
+        return json.loads((Path(agg) / run_id / f"part-{rank}.json").read_bytes()).get("token")
+    except (OSError, ValueError):
+        return None
 
 
 def round_token(agg: str, run_id: str, storage_options: Mapping[str, Any] | None = None) -> str | None:

@@ -89,7 +89,8 @@ def test_rank_killed_before_or_while_writing_its_state(tmp_path, rel, kind):
     assert "global rank(s) [1]" in leader.error["message"] and "did not call checkpoint()" in leader.error["message"], leader.error
     assert len(leader.states) == 1 and victim.states == leader.states  # round 0 went through
     names = os.listdir(Path(agg) / run_id)
-    assert not [n for n in names if n.startswith("state-") and n.endswith("-00001.json")], names
+    round1 = relkit.merged_headers(agg, run_id)[1]["next"]["token"]  # announced by round 0's merged state
+    assert relkit.part_token(agg, run_id, 1) != round1, "the dead rank's part of round 1 exists under its final name"
     if kind == "kill_mid_state_write":  # the half-written bytes exist only under a temporary name
         assert [n for n in names if n.startswith(".tmp-")], names
     rel.case(f"rank killed ({kind.replace('kill_', '').replace('_', ' ')})",
@@ -124,45 +125,56 @@ def test_leader_killed_after_merging_before_publishing(tmp_path, rel, where, req
     account(rel, f"leader killed before publishing ({where}): rows, resumed on {W2} groups", res[0].rows + res[1].rows, 1, second, 4, final)
 
 
-def _leftovers(kind: str, tmp_path: Path, agg: str, run_id: str) -> tuple[dict, list]:
-    """Attempt 1 of the stale-files scenario; returns (state to restore, committed rows)."""
+def _leftovers(kind: str, tmp_path: Path, agg: str, run_id: str) -> tuple[dict | None, list]:
+    """Attempt 1 of the stale-files scenario; returns (state to restore, committed rows).
+
+    ``unpublished``/``published``: the leader dies at checkpoint 1 (a round announced by
+    checkpoint 0's merged state; round.json is closed), before or after publishing it.
+    ``first``: it dies at checkpoint 0 once it has read the follower's part, leaving round.json
+    open with that part in it (then there is nothing to restore).
+    """
     W = 2
-    fault = {"kind": "kill_before_publish" if kind == "unpublished" else "kill_after_publish", "round": 1}
-    cfgs = group({0: {"fault": fault}}, W, tmp_path, agg=agg, run_id=run_id, segments=[per_rank(1, W), per_rank(1, W)],
+    first = kind == "first"
+    fault = {"kind": {"published": "kill_after_publish", "first": "kill_before_part_merge"}.get(kind, "kill_before_publish"), "round": 0 if first else 1}
+    cfgs = group({0: {"fault": fault}}, W, tmp_path, agg=agg, run_id=run_id, segments=[per_rank(1, W)] * (1 if first else 2),
                  timeout_s=FAIL_TIMEOUT, tag="attempt1")
     pids = relkit.start_ranks(cfgs)
     leader = relkit.wait_ranks(pids[:1], cfgs[:1], 90)[0]
     assert leader.killed, leader
-    if kind == "unpublished":  # the whole job goes down with its leader
+    if kind != "published":  # the whole job goes down with its leader
         os.kill(pids[1], signal.SIGKILL)
     res = [leader] + relkit.wait_ranks(pids[1:], cfgs[1:], 90)
-    names = os.listdir(Path(agg) / run_id)
-    token = json.loads((Path(agg) / run_id / "round.json").read_text())["token"]
-    assert (f"merged-{token}.json" in names) == (kind != "unpublished"), names
+    round_file = json.loads((Path(agg) / run_id / "round.json").read_text())
+    headers = relkit.merged_headers(agg, run_id)
+    if first:
+        assert round_file["status"] == "open" and not headers, (round_file, headers)
+        assert relkit.part_token(agg, run_id, 1) == round_file["token"], "the follower's part of the crashed round is left"
+        return None, leader.rows + res[1].rows
+    assert round_file["status"] == "closed" and (2 in headers) == (kind == "published"), (round_file, sorted(headers))  # rounds count from 1
     return leader.states[0], leader.rows + res[1].rows
 
 
-@pytest.mark.parametrize("kind", ["unpublished", "published-replay", "published-later"])
+@pytest.mark.parametrize("kind", ["unpublished", "published-replay", "published-later", "first"])
 def test_stale_round_files_of_a_crashed_attempt(tmp_path, rel, kind):
-    """A new attempt with the same run_id, whose follower reads the stale round first.
+    """A new attempt with the same run_id, whose follower reads the stale round file first.
 
-    ``unpublished``: the leader died before publishing (round + state files left).
-    ``published-*``: it died right after publishing merged-<token>.json, so that
-    file is left too. The new attempt restores the last good state (step 1) and
-    checkpoints at step 2 (``replay``: the progress of the stale merged file) or
-    step 3 (``later``). The leader starts its round only after the follower has
-    joined the stale round. Both ranks must return the new merged state.
+    ``unpublished``: the leader died before publishing an announced round (round.json closed,
+    parts of the dead round left). ``published-*``: it died right after publishing it, so that
+    merged file is left too; the new attempt restores the last good state (step 1) and
+    checkpoints at step 2 (``replay``: the progress of the stale merged file) or step 3
+    (``later``). ``first``: it died in the launch's first round, leaving round.json open with the
+    follower's part in it: the new follower joins that round, and the new leader sends it on.
+    The new leader starts only after the follower read round.json (and, for ``first``, wrote its
+    part into the stale round). Both ranks must return the new merged state.
     """
     agg, run_id, W = str(tmp_path / "agg"), "job-stale", 2
     restore_state, first_rows = _leftovers(kind.split("-")[0], tmp_path, agg, run_id)
+    done = 0 if restore_state is None else 1
     total = 3 if kind.endswith("later") else 2
     seen = str(tmp_path / "follower-went-first")
-    restore = write_json(tmp_path / "restore.json", restore_state)
-    common = dict(agg=agg, run_id=run_id, world_size=W, segments=[per_rank(total - 1, W)], restore=restore, tag="attempt2")
-    # The leader starts once the follower has joined the stale round (read
-    # round.json and written its state there, so no write is in flight: that
-    # race has its own test below).
-    observe = {"observe_write": seen}
+    restore = write_json(tmp_path / "restore.json", restore_state) if restore_state is not None else None
+    common = dict(agg=agg, run_id=run_id, world_size=W, segments=[per_rank(total - done, W)], restore=restore, tag="attempt2")
+    observe = {"observe_write": seen} if kind == "first" else {"observe_round": seen}
     cfgs = [
         rank_config(tmp_path, rank=0, timeout_s=FAIL_TIMEOUT * 2, gate={"round": 0, "wait_for": seen, "timeout": 60}, **common),
         rank_config(tmp_path, rank=1, timeout_s=FAIL_TIMEOUT * 2, **observe, **common),
@@ -170,12 +182,12 @@ def test_stale_round_files_of_a_crashed_attempt(tmp_path, rel, kind):
     res = run_ranks(cfgs, timeout=120)
     ok = all(r.returncode == 0 and r.error is None for r in res)
     rel.case(f"stale round files of a crashed attempt ({kind}), follower first",
-             "follower leaves the stale round for the new leader's; both return the new merged state" if ok else "FAILED: " + "; ".join(
+             "follower waits for (or is sent on to) the new leader's round; both return the new merged state" if ok else "FAILED: " + "; ".join(
         f"rank {r.cfg['rank']}: {r.error['message'] if r.error else f'rc={r.returncode}'}" for r in res if r.error or r.returncode))
     for r in res:
         assert r.returncode == 0 and r.error is None, r
     assert res[0].states == res[1].states
-    account(rel, f"stale round files ({kind}): rows", first_rows, 1, res, total, res[0].states[-1], outcome="0 lost, 0 duplicated")
+    account(rel, f"stale round files ({kind}): rows", first_rows, done, res, total, res[0].states[-1], outcome="0 lost, 0 duplicated")
 
 
 def test_slow_follower_is_not_carried_into_the_next_round(tmp_path, rel):
@@ -208,10 +220,9 @@ def test_new_leader_cleanup_while_a_follower_writes_into_the_stale_round(tmp_pat
     leader removes the crashed attempt's files and opens its round. The
     follower must move to the new round, not fail the checkpoint."""
     agg, run_id, W = str(tmp_path / "agg"), "job-midwrite", 2
-    restore_state, first_rows = _leftovers("unpublished", tmp_path, agg, run_id)
+    _, first_rows = _leftovers("first", tmp_path, agg, run_id)  # round.json left open: the new follower joins that round
     marker = str(tmp_path / "follower-mid-write")
-    restore = write_json(tmp_path / "restore.json", restore_state)
-    common = dict(agg=agg, run_id=run_id, world_size=W, segments=[per_rank(1, W)], restore=restore, tag="attempt2", timeout_s=FAIL_TIMEOUT * 2)
+    common = dict(agg=agg, run_id=run_id, world_size=W, segments=[per_rank(2, W)], tag="attempt2", timeout_s=FAIL_TIMEOUT * 2)
     cfgs = [
         rank_config(tmp_path, rank=0, gate={"round": 0, "wait_for": marker, "timeout": 60}, **common),
         rank_config(tmp_path, rank=1, fault={"kind": "stall_mid_state_write", "round": 0, "marker": marker}, **common),
@@ -223,7 +234,7 @@ def test_new_leader_cleanup_while_a_follower_writes_into_the_stale_round(tmp_pat
         f"rank {r.cfg['rank']}: {r.error['message'][:150] if r.error else f'rc={r.returncode}'}" for r in res if r.error or r.returncode))
     for r in res:
         assert r.returncode == 0 and r.error is None, r
-    account(rel, "new leader cleans up while a follower writes: rows", first_rows, 1, res, 2, res[0].states[-1], outcome="0 lost, 0 duplicated")
+    account(rel, "new leader cleans up while a follower writes: rows", first_rows, 0, res, 2, res[0].states[-1], outcome="0 lost, 0 duplicated")
 
 
 def test_planted_garbage_in_the_run_folder_is_never_merged(tmp_path, rel):
@@ -233,6 +244,7 @@ def test_planted_garbage_in_the_run_folder_is_never_merged(tmp_path, rel):
     d.mkdir(parents=True)
     (d / "round.json").write_text('{"token": "00000000000000000000000000000000", "round": 7, "world_size": 2}')
     (d / "state-00000000000000000000000000000000-00001.json").write_text('{"truncated": ')
+    (d / "part-1.json").write_text('{"kind": "zephon.part", "token": "0000')  # a crashed writer's, under this run's name
     (d / "merged-00000000000000000000000000000000.json").write_bytes(b"\x80\x04\x95garbage")
     (d / ".tmp-abandoned").write_text('{"half": ')
     (d / "notes.txt").write_text("not ours")
@@ -244,7 +256,7 @@ def test_planted_garbage_in_the_run_folder_is_never_merged(tmp_path, rel):
     for r in res:
         assert r.returncode == 0 and r.error is None, r
     account(rel, "garbage planted in the run folder (round, state, merged, .tmp-, other files)", [], 0, res, 2, res[0].states[-1],
-            outcome="removed by the leader before its round; never merged")
+            outcome="removed by the leader (or overwritten) before its round; never merged")
 
 
 def test_two_jobs_share_one_aggregate_dir(tmp_path, rel):
@@ -271,7 +283,7 @@ _SPY = r"""
 import json, os, sys, time, fsspec
 path, stop, out, so = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 fs, _, (root,) = fsspec.get_fs_token_paths(path, storage_options=so)
-reads = {"round": 0, "state": 0, "merged": 0}
+reads = {"round": 0, "part": 0, "merged": 0}
 bad = []
 while not os.path.exists(stop):
     time.sleep(0.001)  # throttle only: the ranks share 2 cores with this loop
@@ -288,8 +300,11 @@ while not os.path.exists(stop):
             data = fs.cat_file(root + "/" + n)
         except FileNotFoundError:
             continue
+        head, _, body = data.partition(b"\n")  # a merged file: header line, then the state
         try:
-            json.loads(data)
+            json.loads(head)
+            if kind == "merged" and b'"zephon.merged"' in head:
+                json.loads(body)
             reads[kind] += 1
         except ValueError:
             bad.append((n, len(data)))
@@ -299,7 +314,7 @@ json.dump({"reads": reads, "bad": bad}, open(out, "w"))
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_readers_never_see_a_partial_file(tmp_path, rel, where, request):
-    """A spy process reads every round/state/merged file while the ranks write them."""
+    """A spy process reads every round/part/merged file while the ranks write them."""
     run_id, W = f"job-spy-{uuid.uuid4().hex[:6]}", 2
     so = None
     if where == "s3":
@@ -321,7 +336,7 @@ def test_readers_never_see_a_partial_file(tmp_path, rel, where, request):
     assert res[0].states == res[1].states and len(res[0].states) == rounds
     report = json.loads(out.read_text())
     total = sum(report["reads"].values())
-    rel.case(f"reader polls every round/state/merged file while {rounds} rounds are written ({where})",
+    rel.case(f"reader polls every round/part/merged file while {rounds} rounds are written ({where})",
              f"{total} reads, all whole files" if not report["bad"] else "partial read")
     assert report["bad"] == [], f"a reader saw partial files: {report['bad'][:5]}"
     assert total > 0
@@ -364,7 +379,7 @@ def test_aggregate_dir_unwritable_or_full(tmp_path, rel, case):
             assert "cannot write" in msgs[0] and "merged-" in msgs[0] and "File too large" in msgs[0], msgs
             assert "leader published no merged state" in msgs[1], msgs
         else:
-            assert "cannot write" in msgs[1] and "state-" in msgs[1] and "File too large" in msgs[1], msgs
+            assert "cannot write" in msgs[1] and "part-1.json" in msgs[1] and "File too large" in msgs[1], msgs
             assert "global rank(s) [1]" in msgs[0], msgs
         if case.endswith("disk-full"):
             names = os.listdir(agg / run_id)

@@ -13,6 +13,8 @@ import relkit
 from relkit import C, M, by_step, compare, reference
 
 from zephon_core import AggregationError, StateError, ZephonError, merge_states
+from zephon_core.checkpoint.records import decode_round, encode_part
+from zephon_core.checkpoint.state import checksum_of
 from zephon_core.tools.state_readers import StateReadError, load_state
 
 STEPS = 3
@@ -148,17 +150,22 @@ def test_resume_from_a_silently_altered_lane_loses_samples(rel):
 
 
 def _leader_with_fake_follower(tmp_path: Path, follower_bytes, expect: type[Exception] = AggregationError) -> str:
-    """A real leader (thread) and a follower that writes ``follower_bytes(token)`` as its state file."""
+    """A real leader (thread) and a follower that writes ``follower_bytes(round)`` as its part file.
+
+    A file with no part of this round in it may be a crashed writer's leftover: the leader
+    waits for its timeout (short here) and then names it; one with this round's token but
+    wrong content is refused at once."""
     agg = tmp_path / "agg"
     leader = relkit.pipeline(world_size=2, global_rank=0, dp_degree=2, dp_group_id=0, aggregate_dir=str(agg), run_id="job",
-                             aggregate_timeout_s=30, prefetch=0)
+                             aggregate_timeout_s=3, prefetch=0)
     t, out = relkit.checkpoint_in_thread(leader)
     round_file = agg / "job" / "round.json"
     relkit.wait_for(round_file.exists, 30, "the leader's round")
-    token = json.loads(round_file.read_text())["token"]
-    target = agg / "job" / f"state-{token}-00001.json"
+    rf = decode_round(round_file.read_bytes(), 2)
+    assert rf is not None and rf.open
+    target = agg / "job" / "part-1.json"
     tmp = target.with_name(".tmp-fake")
-    tmp.write_bytes(follower_bytes(token))
+    tmp.write_bytes(follower_bytes(rf.round))
     tmp.replace(target)
     t.join(60)
     assert not t.is_alive()
@@ -177,21 +184,20 @@ def test_leader_refuses_a_damaged_follower_file(tmp_path, rel, damage):
     st = follower.local_state()
     follower.close()
 
-    def payload(token: str) -> bytes:
-        envelope = {"nonce": "n" * 32, "state": st}
+    def payload(rnd) -> bytes:
+        good = encode_part(rnd, 0, 1, st, {"groups": 2, "candidates": [1]})
         if damage == "truncated":
-            return json.dumps(envelope).encode()[:-40]
+            return good[:-40]
         if damage == "not JSON":
             return b"\x00\x01garbage"
         if damage == "pickle bytes":
             return b"\x80\x04\x95\x1c\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06getpid\x94\x93\x94)R\x94."
-        if damage == "wrong rank":
-            envelope["state"] = {**st, "topology": {**st["topology"], "global_rank": 0}}
-        if damage == "other world size":
-            envelope["state"] = {**st, "topology": {**st["topology"], "world_size": 4}}
         if damage == "a bare state":
             return json.dumps(st).encode()
-        return json.dumps(envelope).encode()
+        topo = {"wrong rank": {"global_rank": 0}, "other world size": {"world_size": 4}}[damage]
+        forged = {**st, "topology": {**st["topology"], **topo}}
+        forged["checksum"] = checksum_of(forged)  # a well-formed state, of the wrong rank or run
+        return encode_part(rnd, 0, 1, forged, {"groups": 2, "candidates": [1]})
 
     msg = _leader_with_fake_follower(tmp_path, payload)
     rel.case(f"follower state file: {damage}", "AggregationError naming the file")

@@ -21,6 +21,8 @@ import pytest
 import relkit
 
 from zephon_core import AggregationError, DataError, JsonlSource, StateError, TokenArraySource
+from zephon_core.checkpoint.records import Round, encode_round
+from zephon_core.checkpoint.tree import Writers
 from zephon_core.errors import ConfigError
 from zephon_core.recipe import load_recipe
 from zephon_core.sources import index_cache
@@ -183,9 +185,10 @@ def test_follower_refuses_a_merged_file_holding_a_pickle(tmp_path, rel):
                                aggregate_timeout_s=30, prefetch=0)
     (agg / "job").mkdir(parents=True)
     token = "f" * 32
-    (agg / "job" / "round.json").write_text(json.dumps({"token": token, "round": 1, "world_size": 2}))
+    (agg / "job" / "round.json").write_bytes(encode_round(Round(token, 1, Writers(2, 2)), True))
     t, out = relkit.checkpoint_in_thread(follower)
-    relkit.wait_for(lambda: (agg / "job" / f"state-{token}-00001.json").exists(), 30, "the follower's state")
+    relkit.wait_for(lambda: token in (agg / "job" / "part-1.json").read_text(errors="replace") if (agg / "job" / "part-1.json").exists() else False,
+                    30, "the follower's part")
     tmp = agg / "job" / ".tmp-evil"
     tmp.write_bytes(payload_bytes(marker))
     tmp.replace(agg / "job" / f"merged-{token}.json")

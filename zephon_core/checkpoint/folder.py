@@ -2,114 +2,188 @@
 
 Files are published atomically (rename on a filesystem, one PUT on an object
 store), so a reader never sees half of one; listings are never cached.
+
+Every file-system operation goes through ``AggregateFolder.io``, one call per
+operation (an ``open``, a ``rename``, a listing, one request to a store), so
+that a wrapper can count them (``bench/fsops.py``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 
-from zephon_core.checkpoint.state import canonical_json
+from zephon_core.checkpoint.names import TMP_PREFIX
 from zephon_core.errors import AggregationError
 from zephon_core.sources.base import is_local
 
-TMP_PREFIX = ".tmp-"
+
+@dataclass(frozen=True)
+class Pacing:
+    """How often ranks look for files (seconds); timing only, no step of the protocol depends on it.
+
+    A folder is cheap to look at, an object store bills every look, so the store
+    waits longer. ``merge_max_s``: the longest pause of a writer waiting for the
+    parts it merges (few writers do, looking at one missing part at a time);
+    ``follow_max_s``: of a rank waiting for the merged state. Between two looks
+    of one rank there are at least ``world_size / follow_budget`` seconds, so that
+    all ranks together look at most ``follow_budget`` times a second: about what
+    a parallel file system's metadata server, or an object store's prefix (S3:
+    5,500 reads a second), serves without slowing down.
+    """
+
+    first_s: float
+    merge_max_s: float
+    follow_max_s: float
+    follow_budget: float
+    moved_check_s: float  # a merging writer looks for a replaced round this often
+
+    @staticmethod
+    def of(local: bool) -> Pacing:
+        return Pacing(0.005, 0.05, 2.0, 20000.0, 1.0) if local else Pacing(0.02, 0.1, 5.0, 3000.0, 2.0)
+
+
+class LocalIO:
+    """A local or mounted shared filesystem; each method is one operation."""
+
+    def create(self, folder: str) -> tuple[int, str]:
+        return tempfile.mkstemp(dir=folder, prefix=TMP_PREFIX)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def read(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return os.listdir(path)
+        except FileNotFoundError:
+            return []
+
+    def delete(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+class StoreIO:
+    """An object store (or any fsspec filesystem) through fsspec; each method is one request (``read_many``/``delete_many``: one per file)."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    def put(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(path, data)
+
+    def read(self, path: str) -> bytes | None:
+        try:
+            return bytes(self.fs.cat_file(path))
+        except FileNotFoundError:
+            return None
+
+    def read_many(self, paths: list[str]) -> dict[str, bytes]:
+        """Concurrently; missing files are left out."""
+        return {p.rstrip("/"): bytes(v) for p, v in self.fs.cat(paths, on_error="omit").items()}
+
+    def listdir(self, path: str) -> list[str]:
+        self.fs.invalidate_cache(path)
+        try:
+            return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(path, detail=False)]
+        except FileNotFoundError:
+            return []
+
+    def delete_many(self, paths: list[str]) -> None:
+        try:  # one bulk request (S3 DeleteObjects) instead of one per file
+            self.fs.rm(paths)
+        except (FileNotFoundError, OSError):
+            for p in paths:
+                try:
+                    self.fs.rm_file(p)
+                except (FileNotFoundError, OSError):
+                    pass
 
 
 class AggregateFolder:
-    """The run's folder, with atomic publication and uncached listing."""
+    """The run's folder: atomic publication, reads of whole files, uncached listing."""
 
     def __init__(self, aggregate_dir: str, run_id: str, storage_options: dict[str, Any]) -> None:
         fs, _, paths = fsspec.get_fs_token_paths(aggregate_dir, storage_options=storage_options)
-        self.fs = fs
         self.local = is_local(fs)
         self.path = paths[0].rstrip("/") + "/" + run_id
-        # Polling (seconds): first and longest sleep of the leader and of followers, and how often a
-        # follower that joined a round re-reads round.json. A folder is cheap to poll; on an object
-        # store every poll is a request, and followers (world_size - 1 of them) poll less often
-        # (Aggregator stretches follow_poll_max_s with world_size there).
-        if self.local:
-            self.poll_s, self.lead_poll_max_s, self.follow_poll_max_s, self.round_recheck_s = 0.005, 0.05, 0.05, 0.0
-        else:
-            self.poll_s, self.lead_poll_max_s, self.follow_poll_max_s, self.round_recheck_s = 0.02, 0.1, 0.25, 1.0
+        self.io: Any = LocalIO() if self.local else StoreIO(fs)
+        self.pacing = Pacing.of(self.local)
         try:
-            fs.makedirs(self.path, exist_ok=True)
+            if self.local:
+                os.makedirs(self.path, exist_ok=True)
+            else:
+                fs.makedirs(self.path, exist_ok=True)
         except OSError as e:
             raise AggregationError(f"cannot create aggregate folder {self.path}: {e}") from None
 
     def file(self, name: str) -> str:
         return f"{self.path}/{name}"
 
-    def write(self, name: str, value: Any) -> None:
-        data = canonical_json(value).encode()
+    def put(self, name: str, data: bytes) -> None:
+        """Publish ``data`` as ``name`` at once: a reader sees the old file, no file, or all of ``data``."""
         target = self.file(name)
         try:
-            if self.local:
-                fd, tmp = tempfile.mkstemp(dir=self.path, prefix=TMP_PREFIX)
-                try:
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(data)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    os.chmod(tmp, 0o644)
-                    os.replace(tmp, target)
-                except BaseException:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
-                    raise
-            else:
-                self.fs.pipe_file(target, data)
+            if not self.local:
+                self.io.put(target, data)
+                return
+            fd, tmp = self.io.create(self.path)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    # No fsync: a reader on any node sees the bytes once renamed; after a power loss a
+                    # file may be empty, which every reader rejects as it rejects any foreign file.
+                    f.write(data)
+                    os.fchmod(f.fileno(), 0o644)
+                self.io.rename(tmp, target)
+            except BaseException:
+                self.io.delete(tmp)
+                raise
         except OSError as e:
             raise AggregationError(f"cannot write {target}: {e}") from None
 
-    def read(self, name: str) -> Any | None:
-        """The parsed file, or None when it does not exist (yet)."""
-        target = self.file(name)
+    def get(self, name: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist (yet)."""
         try:
-            data = self.fs.cat_file(target)
-        except FileNotFoundError:
-            return None
-        try:
-            return json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise AggregationError(f"{target} is not valid JSON ({e}); was it written by something else?") from None
+            return self.io.read(self.file(name))
+        except OSError as e:
+            raise AggregationError(f"cannot read {self.file(name)}: {e}") from None
 
-    def read_many(self, names: list[str]) -> dict[str, Any]:
-        """Several files at once (concurrently on an object store); missing ones are left out."""
+    def get_many(self, names: list[str]) -> dict[str, bytes]:
+        """Several files (concurrently on an object store); missing ones are left out."""
         if self.local or len(names) < 2:
-            found = {n: self.read(n) for n in names}
+            found = {n: self.get(n) for n in names}
             return {n: v for n, v in found.items() if v is not None}
         by_path = {self.file(n): n for n in names}
-        raw = self.fs.cat(list(by_path), on_error="omit")
-        out = {}
-        for path, data in raw.items():
-            name = by_path.get(path) or path.rstrip("/").rsplit("/", 1)[-1]
-            try:
-                out[name] = json.loads(data)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise AggregationError(f"{self.file(name)} is not valid JSON ({e}); was it written by something else?") from None
-        return out
+        try:
+            raw = self.io.read_many(list(by_path))
+        except OSError as e:
+            raise AggregationError(f"cannot read in {self.path}: {e}") from None
+        return {by_path.get(p, p.rsplit("/", 1)[-1]): v for p, v in raw.items()}
 
     def names(self) -> list[str]:
-        self.fs.invalidate_cache(self.path)
-        try:
-            return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.path, detail=False)]
-        except FileNotFoundError:
-            return []
+        return self.io.listdir(self.path)
 
     def remove(self, names: list[str]) -> None:
-        if names and not self.local:
-            try:  # one bulk request (S3 DeleteObjects) instead of one per file
-                self.fs.rm([self.file(n) for n in names])
-                return
-            except (FileNotFoundError, OSError):
-                pass
-        for n in names:
-            try:
-                self.fs.rm_file(self.file(n))
-            except (FileNotFoundError, OSError):
-                pass
+        if not names:
+            return
+        if self.local:
+            for n in names:
+                try:
+                    self.io.delete(self.file(n))
+                except OSError:
+                    pass
+        else:
+            self.io.delete_many([self.file(n) for n in names])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from zephon_core.checkpoint.state import LaneState, make_state, parse_lanes, verify_checksum
@@ -22,28 +22,39 @@ def merge_states(
     if not states:
         raise StateError("nothing to merge")
     names = list(labels) if labels is not None else [f"state {n}" for n in range(len(states))]
+    parsed = []
+    for st in states:
+        parsed.append(parse_lanes(st))
+        verify_checksum(st)
+    return merge_parsed(states, parsed, world_size=world_size, labels=names)[0]
+
+
+def merge_parsed(
+    states: Sequence[Mapping[str, Any]], lanes_of: Sequence[dict[int, LaneState]], *, world_size: int | None, labels: Sequence[str]
+) -> tuple[dict[str, Any], dict[int, LaneState]]:
+    """``merge_states`` of states already validated (``parse_lanes``, ``verify_checksum``); ``lanes_of`` are their lanes.
+
+    Returns the merged state and its lanes (the aggregation merges level by level).
+    """
     first = states[0]
-    parse_lanes(first)
     merged: dict[int, LaneState] = {}
     owner: dict[int, int] = {}
-    for n, st in enumerate(states):
-        lanes = parse_lanes(st)
-        verify_checksum(st)
+    for n, (st, lanes) in enumerate(zip(states, lanes_of)):
         if st["fingerprint"] != first["fingerprint"]:
-            raise StateError(f"{names[n]} has a different data definition than {names[0]}: {'; '.join(diff_definitions(first['definition'], st['definition'])[:3])}")
+            raise StateError(f"{labels[n]} has a different data definition than {labels[0]}: {'; '.join(diff_definitions(first['definition'], st['definition'])[:3])}")
         if st["canonical_replicas"] != first["canonical_replicas"]:
-            raise StateError(f"{names[n]} has canonical_replicas={st['canonical_replicas']}, {names[0]} has {first['canonical_replicas']}")
+            raise StateError(f"{labels[n]} has canonical_replicas={st['canonical_replicas']}, {labels[0]} has {first['canonical_replicas']}")
         for lane, ls in lanes.items():
             if lane in merged and merged[lane] != ls:
                 raise StateError(
-                    f"lane {lane} differs between {names[owner[lane]]} ({tuple(merged[lane].cursor)}, {merged[lane].delivered} delivered) "
-                    f"and {names[n]} ({tuple(ls.cursor)}, {ls.delivered} delivered): ranks did not checkpoint at the same step"
+                    f"lane {lane} differs between {labels[owner[lane]]} ({tuple(merged[lane].cursor)}, {merged[lane].delivered} delivered) "
+                    f"and {labels[n]} ({tuple(ls.cursor)}, {ls.delivered} delivered): ranks did not checkpoint at the same step"
                 )
             merged[lane] = ls
             owner.setdefault(lane, n)
     degrees = [st["topology"].get("dp_degree") for st in states if isinstance(st["topology"].get("dp_degree"), int)]
     topo = {"dp_degree": max(degrees) if degrees else None, "world_size": world_size or first["topology"].get("world_size")}
-    return make_state(first["definition"], first["canonical_replicas"], topo, merged)
+    return make_state(first["definition"], first["canonical_replicas"], topo, merged), merged
 
 
 def diff_definitions(a: Any, b: Any, path: str = "") -> list[str]:

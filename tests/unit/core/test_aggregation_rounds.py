@@ -81,7 +81,9 @@ def test_rounds_through_a_loopback_s3_server(s3_endpoint):
         assert all(s == states[0] for s in states), states
         assert all(v["delivered"] == k for v in states[0]["lanes"].values())
     left = sorted(p.rsplit("/", 1)[-1] for p in s3_endpoint.filesystem().ls(s3_endpoint.url("agg-unit", "run"), detail=False))
-    assert [n for n in left if n.startswith("state-")] == [] and len([n for n in left if n.startswith("merged-")]) == 1, left
+    # One part per writer (overwritten each round), the last two merged states, round.json: nothing grows with the rounds.
+    assert [n for n in left if n.startswith("part-")] == ["part-1.json", "part-2.json", "part-3.json"], left
+    assert len([n for n in left if n.startswith("merged-")]) == 2 and "round.json" in left and len(left) == 6, left
 
 
 def test_a_follower_joins_the_announced_round_at_once(tmp_path):
@@ -92,7 +94,7 @@ def test_a_follower_joins_the_announced_round_at_once(tmp_path):
     assert all(isinstance(s, dict) for s in checkpoint_all(pipelines, batches=1))
     d = pipelines[1]._aggregator.dir
     calls: list = []
-    for name in ("read", "write"):
+    for name in ("get", "put"):
         real = getattr(d, name)
         setattr(d, name, lambda n, *a, _real=real, _name=name: (calls.append((_name, n)), _real(n, *a))[1])
     it = iter(pipelines[0])
@@ -103,9 +105,9 @@ def test_a_follower_joins_the_announced_round_at_once(tmp_path):
     states = checkpoint_all(pipelines[1:], batches=1)
     leader.join(60)
     assert isinstance(states[0], dict) and leader_out and leader_out[0] == states[0], (states, leader_out)
-    token = pipelines[0]._aggregator.last_token
-    assert calls[0] == ("write", f"state-{token}-00001.json"), calls
-    assert ("read", "round.json") not in calls[:2], calls
+    token = pipelines[0]._aggregator.leader.published[-1]
+    assert calls[0] == ("put", "part-1.json") and calls[1:] and all(c == ("get", f"merged-{token}.json") for c in calls[1:]), calls
+    assert b'"token":"' + token.encode() in (tmp_path / "run" / "part-1.json").read_bytes()
 
 
 def test_a_failed_rounds_token_is_never_reused(tmp_path):
@@ -114,12 +116,12 @@ def test_a_failed_rounds_token_is_never_reused(tmp_path):
     agg = str(tmp_path)
     pipelines = [make(0, agg, timeout=1.0), make(1, agg)]
     assert all(isinstance(s, dict) for s in checkpoint_all(pipelines, batches=1))
-    announced = pipelines[1]._aggregator.next_token
-    assert announced and announced == pipelines[0]._aggregator.next_token
+    announced = pipelines[1]._aggregator.next
+    assert announced and announced == pipelines[0]._aggregator.next
     next(iter(pipelines[0]))
     with pytest.raises(AggregationError, match=r"global rank\(s\) \[1\]"):
         pipelines[0].checkpoint()
     states = checkpoint_all(pipelines, batches=1)
     assert all(isinstance(s, dict) for s in states) and states[0] == states[1], states
-    assert pipelines[0]._aggregator.last_token not in (None, announced)
+    assert pipelines[0]._aggregator.leader.published[-1] != announced.token
     assert sorted(v["delivered"] for v in states[0]["lanes"].values()) == [2, 3]  # rank 0 took one more batch

@@ -1,0 +1,157 @@
+"""Fewer writers: at a launch's first checkpoint every rank writes; then one representative per dp group
+(global rank g * stride) writes for its peers. A missing or wrong representative is named or refused,
+never merged silently. Ranks are threads of this process (tests/simranks.py), their file-system
+operations counted with bench/fsops.py."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from simranks import SimRanks, mesh
+
+from zephon_core import AggregationError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+from fsops import count  # noqa: E402
+
+
+def counted(ranks: SimRanks) -> list:
+    return [count(a.dir) for a in ranks.aggs]
+
+
+def ok(results: dict, n: int, step: int) -> dict:
+    states = list(results.values())
+    assert len(states) == n and all(isinstance(s, dict) for s in states), [s for s in states if not isinstance(s, dict)][:2]
+    assert all(s == states[0] for s in states), "ranks returned different merged states"
+    assert {v["delivered"] for v in states[0]["lanes"].values()} == {step}
+    return states[0]
+
+
+def writers(ops: list) -> list[int]:
+    return [r for r, o in enumerate(ops) if o.by_kind["rename"] or o.by_kind["put"]]
+
+
+@pytest.mark.parametrize("pp, tp, dp", [(1, 8, 4), (2, 2, 4), (4, 1, 4)])
+def test_first_checkpoint_every_rank_writes_then_one_per_dp_group(tmp_path, pp, tp, dp):
+    W = pp * tp * dp
+    ranks = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, layout=mesh(tp=tp), fan_in=4)
+    ops = counted(ranks)
+    ok(ranks.checkpoint(1), W, 1)
+    assert writers(ops) == list(range(W))
+    for step in (2, 3):
+        for o in ops:
+            o.reset()
+        ok(ranks.checkpoint(step), W, step)
+        assert writers(ops) == [g * tp for g in range(dp)], "the lowest rank of each dp group writes, no other"
+        for r, o in enumerate(ops):
+            if r % tp:  # a non-writer only reads the merged state
+                assert set(o.by_file) == {"merged"} and set(o.by_kind) == {"open"}, (r, o.as_dict())
+            assert o.by_kind["list"] == 0 and (o.by_kind["delete"] == 0 or r == 0), (r, o.as_dict())
+
+
+def test_an_irregular_layout_keeps_every_rank_writing(tmp_path):
+    groups = [g for g in range(4) for _ in range(3)]
+    random.Random(5).shuffle(groups)
+    if groups[0] != 0:  # rank 0 must be in group 0 for any representative scheme; make sure no stride fits either
+        groups[groups.index(0)], groups[0] = groups[0], 0
+    ranks = SimRanks(str(tmp_path), "run", world_size=12, dp=4, layout=lambda r, dp: groups[r], fan_in=4)
+    ops = counted(ranks)
+    ok(ranks.checkpoint(1), 12, 1)
+    for o in ops:
+        o.reset()
+    ok(ranks.checkpoint(2), 12, 2)
+    assert ranks.aggs[0].next is not None and ranks.aggs[0].next.writers.stride is None
+    assert writers(ops) == list(range(12))
+
+
+def test_a_missing_representative_is_named_and_nothing_is_published(tmp_path):
+    W, dp = 32, 4
+    ranks = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, timeout_s=5.0, fan_in=4)  # the others arrive in time on a busy machine
+    ok(ranks.checkpoint(1), W, 1)
+    announced = ranks.aggs[1].next
+    got = ranks.checkpoint(2, absent={16})
+    err = got[0]
+    assert isinstance(err, AggregationError), err
+    assert "global rank(s) [16] (the representative(s) of dp group(s) [2])" in str(err) and "did not call checkpoint()" in str(err), err
+    assert all(isinstance(v, AggregationError) for v in got.values()), "no rank may return a state of an incomplete round"
+    assert not (tmp_path / "run" / f"merged-{announced.token}.json").exists()
+    # The next attempt (every rank writes again) goes through, at the ranks' new step.
+    ok(ranks.checkpoint(3), W, 3)
+
+
+def test_a_representative_with_another_identity_is_refused(tmp_path):
+    W, dp = 32, 4
+    ranks = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, timeout_s=2.0, fan_in=4)
+    ok(ranks.checkpoint(1), W, 1)
+    announced = ranks.aggs[0].next
+    got = ranks.checkpoint(2, states={8: ranks.state(8, 2, group=2)})  # dp group 1's writer now claims group 2
+    err = got[0]
+    assert isinstance(err, AggregationError) and "global rank 8 writes as the representative of dp group 1" in str(err), err
+    assert "holds dp_group_id=2" in str(err), err
+    assert not (tmp_path / "run" / f"merged-{announced.token}.json").exists()
+    assert not [r for r, v in got.items() if isinstance(v, dict)]
+
+
+def test_a_representative_at_another_step_is_refused_by_its_peers(tmp_path):
+    """Rank 8 writes for dp group 1 a state one step behind its peers 9..15: each peer refuses the merged
+    state, naming the representative, instead of returning another step's progress as its own."""
+    W, dp = 32, 4
+    ranks = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, timeout_s=2.0, fan_in=4)
+    ok(ranks.checkpoint(1), W, 1)
+    got = ranks.checkpoint(2, states={8: ranks.state(8, 1)})
+    for r in range(9, 16):
+        assert isinstance(got[r], AggregationError), (r, got[r])
+        msg = str(got[r])
+        assert f"does not carry global rank {r}'s progress unchanged" in msg and "from global rank 8 (dp group 1's representative)" in msg, msg
+        assert "did not checkpoint at the same step" in msg, msg
+
+
+def test_peers_that_disagree_in_a_round_where_all_write_fail_the_leader(tmp_path):
+    """At a launch's first checkpoint peers are compared: rank 9, one step behind, is caught below a
+    merging writer (rank 8 with fan-in 4), whose part carries the error up to the leader."""
+    W, dp = 32, 4
+    ranks = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, timeout_s=5.0, fan_in=4)
+    got = ranks.checkpoint(2, states={9: ranks.state(9, 1)})
+    err = got[0]
+    assert isinstance(err, AggregationError) and "did not checkpoint at the same step" in str(err), err
+    assert "global rank 9" in str(err) and "lane 1 differs" in str(err), err
+    assert not [n for n in (tmp_path / "run").iterdir() if n.name.startswith("merged-")]
+
+
+def test_a_non_writer_that_never_comes_holds_nobody_up(tmp_path):
+    """Its progress is its representative's: the round completes without it (nothing of it is lost)."""
+    W, dp = 32, 4
+    ranks = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, fan_in=4)
+    ok(ranks.checkpoint(1), W, 1)
+    got = ranks.checkpoint(2, absent={13})
+    ok(got, W - 1, 2)
+
+
+def test_a_merged_file_announces_the_writers_of_the_next_round(tmp_path):
+    ranks = SimRanks(str(tmp_path), "run", world_size=16, dp=4, fan_in=4)
+    ok(ranks.checkpoint(1), 16, 1)
+    name = next(n for n in (tmp_path / "run").iterdir() if n.name.startswith("merged-"))
+    header = json.loads(name.read_bytes().split(b"\n", 1)[0])
+    assert header["next"]["writers"] == {"world_size": 16, "groups": 4, "stride": 4}
+    assert header["next"]["token"] == ranks.aggs[5].next.token
+
+
+@pytest.mark.parametrize("later, most", [(False, 32), (True, 16)], ids=["first round", "later round"])
+def test_ranks_wait_for_a_late_leader_without_tight_polling(tmp_path, later, most):
+    """The leader comes 3 s after everyone else; polling every 50 ms would be 60 looks per rank. Ranks
+    pause longer and longer (up to 2 s; timing only: a slower machine makes fewer looks, never more).
+    At a first round a rank looks for round.json from 5 ms on (1.5x each time), then for the merged
+    file (2x): about 20 looks; later it waits until the merged file is due, then 1.5x: about 11."""
+    W, dp = 16, 4
+    ranks = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, fan_in=4)
+    if later:
+        ok(ranks.checkpoint(1), W, 1)
+    ops = counted(ranks)
+    ok(ranks.checkpoint(2, delay={0: 3.0}), W, 2)
+    for r, o in enumerate(ops[1:], start=1):
+        looks = o.by_file["round"] + o.by_file["merged"]
+        assert 1 <= looks <= most, (r, o.as_dict())

@@ -1,0 +1,262 @@
+"""A writer merging the tree nodes it owns in one round, and the leader's account of what never came."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from zephon_core.checkpoint.folder import AggregateFolder
+from zephon_core.checkpoint.merge import merge_parsed
+from zephon_core.checkpoint.names import merged_file, part_file
+from zephon_core.checkpoint.records import Moved, Part, Round, decode_merged, decode_part, why_not_a_part
+from zephon_core.checkpoint.state import LaneState, parse_lanes
+from zephon_core.checkpoint.tree import Tree, Writers, strides_of
+from zephon_core.errors import AggregationError, StateError
+from zephon_core.lane.assignment import owned_lanes
+
+T = TypeVar("T")
+
+#: A rank's part in a round, step by step: it yields the seconds to pause before its next step and
+#: returns its result. ``Aggregator.checkpoint`` sleeps through the pauses; a simulation of many ranks
+#: can run them as tasks of one event loop (bench/aggregate_scale.py).
+Steps = Generator[float, None, T]
+
+
+def now() -> float:
+    return time.monotonic()
+
+
+def pause(seconds: float) -> float:
+    """A pause, jittered so that ranks that started together do not look at the same instant."""
+    return max(0.0, seconds) * random.uniform(0.85, 1.15)
+
+
+@dataclass(frozen=True)
+class Member:
+    """What a rank knows of itself for the whole run: its folder and its coordination identity."""
+
+    folder: AggregateFolder
+    rank: int
+    world_size: int
+    timeout_s: float
+    fan_in: int
+
+    def tree(self, writers: Writers) -> Tree:
+        return Tree(writers.slots, self.fan_in)
+
+
+@dataclass(frozen=True)
+class Subtree:
+    """A node's merge so far: the merged state (and its lanes), and while every rank writes, the strides that fit all its ranks."""
+
+    state: dict[str, Any]
+    lanes: dict[int, LaneState] | None  # parsed when first merged (a writer that merges nothing never needs them)
+    strides: dict[str, Any] | None
+
+
+def leaf(local_state: dict[str, Any], rnd: Round) -> Subtree:
+    """A writer's own contribution; while every rank writes, with the strides that would place it where it is."""
+    if rnd.writers.stride is not None:
+        return Subtree(local_state, None, None)
+    topo = local_state["topology"]
+    G, g, r = topo.get("dp_degree"), topo.get("dp_group_id"), topo.get("global_rank")
+    if not (isinstance(G, int) and isinstance(g, int) and isinstance(r, int)):
+        return Subtree(local_state, None, {"groups": 0, "candidates": []})
+    return Subtree(local_state, None, {"groups": G, "candidates": strides_of(r, g, G, rnd.writers.world_size)})
+
+
+class PartsMissing(Exception):
+    """The deadline passed before the parts of ``slots`` (children at ``level``) came."""
+
+    def __init__(self, level: int, slots: list[int], seen: dict[int, bytes | None]) -> None:
+        super().__init__(level, slots)
+        self.level, self.slots, self.seen = level, slots, seen
+
+
+class RoundReplaced(Exception):
+    """The leader replaced this round (after it failed) by ``to``."""
+
+    def __init__(self, to: Round) -> None:
+        super().__init__(to.token)
+        self.to = to
+
+
+def span_label(writers: Writers, level: int, first: int, slots: int, fan_in: int) -> str:
+    if level == 0:
+        return writers.who(first)
+    last = min(first + fan_in**level, slots) - 1
+    if writers.stride is None:
+        return f"global ranks {first}-{last}"
+    return f"the representatives of dp groups {first}-{last}"
+
+
+def join_strides(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    if a is None or b is None:
+        return None
+    if a["groups"] != b["groups"]:
+        return {"groups": a["groups"], "candidates": []}
+    return {"groups": a["groups"], "candidates": sorted(set(a["candidates"]) & set(b["candidates"]))}
+
+
+class Gatherer:
+    """The writer of ``slot`` in round ``rnd``, merging its nodes level by level up to ``top``."""
+
+    def __init__(self, me: Member, rnd: Round, slot: int, deadline: float, watch_moved: bool) -> None:
+        self.me, self.rnd, self.slot = me, rnd, slot
+        self.tree = me.tree(rnd.writers)
+        self.deadline = deadline
+        self.watch_moved = watch_moved  # a follower that merges: the leader may replace a failed round
+
+    def run(self, own: Subtree, top: int) -> Steps[Subtree]:
+        acc = own
+        for level in range(1, top + 1):
+            kids = self.tree.children(level, self.slot)
+            parts = yield from self.await_parts(level - 1, kids)
+            acc = self.merge(level, acc, parts)
+        return acc
+
+    def merge(self, level: int, acc: Subtree, parts: dict[int, Part]) -> Subtree:
+        w, S, F = self.rnd.writers, self.tree.slots, self.tree.fan_in
+        firsts = [self.slot, *sorted(parts)]
+        states = [acc.state] + [parts[c].state or {} for c in firsts[1:]]
+        lanes = [acc.lanes if acc.lanes is not None else parse_lanes(acc.state)] + [parts[c].lanes for c in firsts[1:]]
+        labels = [span_label(w, level - 1, c, S, F) for c in firsts]
+        try:
+            state, merged = merge_parsed(states, lanes, world_size=self.me.world_size, labels=labels)
+        except StateError as e:
+            raise AggregationError(f"checkpoint aggregation in {self.me.folder.path}: {e}") from None
+        strides = acc.strides
+        for c in firsts[1:]:
+            strides = join_strides(strides, parts[c].strides)
+        return Subtree(state, merged, strides)
+
+    def await_parts(self, level: int, kids: list[int]) -> Steps[dict[int, Part]]:
+        """The parts of ``kids`` (first slots of nodes at ``level``), looked for until the deadline.
+
+        It looks at one missing part at a time, again and again until it comes, and
+        then at once at the next one: on a folder a look costs microseconds. On an
+        object store, where it costs a round trip, a part that comes is followed by
+        one look at all the missing ones together (parts tend to come together).
+        """
+        d, writers = self.me.folder, self.rnd.writers
+        names = {c: part_file(writers.rank_of(c)) for c in kids}
+        got: dict[int, Part] = {}
+        seen: dict[int, bytes | None] = {}
+        delay, moved_at = d.pacing.first_s, now() + d.pacing.moved_check_s
+        look = kids[:1] if d.local else list(kids)
+        while True:
+            blobs = d.get_many([names[c] for c in look])
+            came = False
+            for c in look:
+                seen[c] = blobs.get(names[c])
+                part = decode_part(seen[c], d.file(names[c]), self.rnd, level, c)
+                if part is not None:
+                    got[c], came = self.accept(part, level, c, d.file(names[c])), True
+            pending = [c for c in kids if c not in got]
+            if not pending:
+                return got
+            if came and (d.local or len(look) == 1):
+                look, delay = (pending[:1] if d.local else pending), d.pacing.first_s
+                continue
+            look = pending[:1]
+            t = now()
+            if t > self.deadline:
+                raise PartsMissing(level, pending, seen)
+            if self.watch_moved and t >= moved_at:
+                self.raise_if_replaced()
+                moved_at = t + d.pacing.moved_check_s
+            yield pause(min(delay, self.deadline - t))
+            delay = min(delay * 2, d.pacing.merge_max_s)
+
+    def accept(self, part: Part, level: int, slot: int, where: str) -> Part:
+        if part.error is not None:
+            raise AggregationError(part.error)
+        if level == 0:
+            self.check_leaf(slot, part.state or {}, where)
+        return part
+
+    def raise_if_replaced(self) -> None:
+        d = self.me.folder
+        data = d.get(merged_file(self.rnd.token))
+        if data is not None:
+            rec = decode_merged(data, d.file(merged_file(self.rnd.token)), self.rnd.token, self.me.world_size)
+            if isinstance(rec, Moved):
+                raise RoundReplaced(rec.to)
+
+    def check_leaf(self, slot: int, state: dict[str, Any], where: str) -> None:
+        """A writer's own state: from the rank that should write it, for the group it should write for."""
+        w = self.rnd.writers
+        topo, expected = state["topology"], w.rank_of(slot)
+        if topo.get("global_rank") != expected:
+            raise AggregationError(f"{where}: holds the state of global_rank={topo.get('global_rank')}, expected {expected}")
+        if topo.get("world_size") != self.me.world_size:
+            raise AggregationError(f"{where}: rank {expected} has world_size={topo.get('world_size')}, the leader has {self.me.world_size}")
+        G, g = topo.get("dp_degree"), topo.get("dp_group_id")
+        if w.stride is not None and (g, G) != (slot, w.groups):
+            raise AggregationError(
+                f"{where}: global rank {expected} writes as the representative of dp group {slot} of {w.groups} (stride {w.stride}) but holds "
+                f"dp_group_id={g} of dp_degree={G}: a rank's data identity changed since the round that chose the representatives"
+            )
+        if isinstance(G, int) and isinstance(g, int) and 0 <= g < G and sorted(int(k) for k in state["lanes"]) != owned_lanes(
+                state["canonical_replicas"], G, g):
+            raise AggregationError(f"{where}: global rank {expected} holds lanes other than those of dp group {g} of {G}")
+
+
+def account_for(me: Member, rnd: Round, missing: PartsMissing, top: int, budget: int = 4096) -> str:
+    """Why the leader's round did not complete: which writers never wrote, which merging writers never finished.
+
+    ``missing`` is what the leader waited for when its time ran out; the nodes of the
+    levels above (up to ``top``), which it had not looked at yet, are examined too.
+    """
+    tree, w, d = me.tree(rnd.writers), rnd.writers, me.folder
+    absent: list[int] = []
+    stuck: list[tuple[int, int]] = []
+    notes: list[str] = []
+    later = [(level - 1, c) for level in range(missing.level + 2, top + 1) for c in tree.children(level, 0)]
+    # On a folder the leader looks at one missing part at a time: those behind the first never looked at are read now.
+    unseen = [(missing.level, c) for c in missing.slots if c not in missing.seen]
+    blobs = d.get_many([part_file(w.rank_of(c)) for _, c in unseen + later])
+    seen = {**missing.seen, **{c: blobs.get(part_file(w.rank_of(c))) for _, c in unseen + later}}
+    frontier = [(missing.level, c) for c in missing.slots if c in missing.seen or _no_part(seen[c], d, rnd, missing.level, c)]
+    frontier += [(lv, c) for lv, c in later if _no_part(seen[c], d, rnd, lv, c)]
+    while frontier:
+        for _, c in frontier:
+            why = why_not_a_part(seen.get(c), rnd)
+            if why not in ("no file", "a part of an earlier round"):
+                notes.append(f"{part_file(w.rank_of(c))} held {why}")
+        absent += [c for level, c in frontier if level == 0]
+        inner = [(level, c) for level, c in frontier if level > 0]
+        kids = [(level - 1, k, c) for level, c in inner for k in tree.children(level, c)]
+        if len(kids) > budget:
+            notes.append(f"the ranks below {', '.join(w.who(c) for _, c in inner)} were not examined")
+            break
+        budget -= len(kids)
+        blobs = d.get_many([part_file(w.rank_of(k)) for _, k, _ in kids])
+        seen = {k: blobs.get(part_file(w.rank_of(k))) for _, k, _ in kids}
+        lacking = {(lv, k, c) for lv, k, c in kids if _no_part(seen[k], d, rnd, lv, k)}
+        stuck += [(level, c) for level, c in inner if not any(p == c for _, _, p in lacking)]
+        frontier = [(lv, k) for lv, k, _ in sorted(lacking)]
+    parts = [f"checkpoint aggregation timed out after {me.timeout_s:g}s in {d.path}"]
+    if absent:
+        parts.append(f"{_ranks(w, absent)} of world_size={me.world_size} did not call checkpoint()")
+    for level, c in stuck:
+        parts.append(f"{_ranks(w, [c])} (merging the parts of {span_label(w, level, c, tree.slots, tree.fan_in)}) did not call "
+                     "checkpoint() or stopped before writing its part")
+    return "; ".join(parts + notes) + "; every pipeline counted in world_size must call it at the same step"
+
+
+def _no_part(data: bytes | None, d: AggregateFolder, rnd: Round, level: int, slot: int) -> bool:
+    try:
+        return decode_part(data, d.file(part_file(rnd.writers.rank_of(slot))), rnd, level, slot) is None
+    except AggregationError:
+        return False  # there, but wrong: its merging writer reports it
+
+
+def _ranks(w: Writers, slots: list[int]) -> str:
+    ranks = sorted(w.rank_of(c) for c in slots)
+    if w.stride is None:
+        return f"global rank(s) {ranks}"
+    return f"global rank(s) {ranks} (the representative(s) of dp group(s) {sorted(slots)})"
