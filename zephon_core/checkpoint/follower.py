@@ -6,7 +6,7 @@ import collections
 import random
 from typing import Any, NoReturn
 
-from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, RoundReplaced, Steps, leaf, now, pause, span_label
+from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, PartWaits, RoundReplaced, Steps, leaf, now, pause, span_label
 from zephon_core.checkpoint.names import ROUND_FILE, merged_file, part_file
 from zephon_core.checkpoint.records import Merged, Moved, Round, decode_merged, decode_round, encode_part
 from zephon_core.checkpoint.tree import Writers
@@ -17,27 +17,35 @@ GRACE_S = 5.0
 
 
 class Expectation:
-    """When the merged state should appear: how long the leader took in its last rounds with the same writers.
+    """When the merged state should appear: how long the leader took in its last rounds with as many writers.
 
     Only timing. Ranks of one checkpoint call it at about the same time (a training
     step's collective just ended), so a rank first looks about that long after its
-    own call. After a change of writers (every rank wrote the last time, now only
-    representatives do) there is nothing to go by.
+    own call. The leader's work depends on how many write (the tree's size), not on
+    who: a launch's first round (every rank writes) tells when the next ones are due
+    where every rank is its own dp group. With nothing to go by (a launch's first
+    round, a change in the number of writers) a rank waits for ``first_guess``.
     """
 
     def __init__(self) -> None:
-        self.writers: Writers | None = None
+        self.slots: int | None = None
         self.took: collections.deque[float] = collections.deque(maxlen=3)
+        self.parts = PartWaits()  # a merging writer's: when the parts of each level came
 
     def first_look(self, writers: Writers) -> float | None:
         # The quickest of the last rounds: one slow round (a late rank) does not delay the next ones.
-        return min(self.took) if self.took and writers == self.writers else None
+        return min(self.took) if self.took and writers.slots == self.slots else None
 
     def learn(self, writers: Writers, took: float) -> None:
-        if writers != self.writers:
-            self.writers = writers
+        if writers.slots != self.slots:
+            self.slots = writers.slots
             self.took.clear()
         self.took.append(took)
+
+    @staticmethod
+    def first_guess(me: Member, writers: Writers) -> float:
+        """A round with nothing to go by: the leader's work grows with the writers (``Pacing.per_writer_s`` each), a quarter of the timeout at most."""
+        return min(writers.slots * me.folder.pacing.per_writer_s, me.timeout_s / 4)
 
 
 class FollowerRound:
@@ -83,6 +91,8 @@ class FollowerRound:
     def find(self) -> Steps[Round]:
         d = self.me.folder
         delay = d.pacing.first_s
+        # The leader opens the round when it calls, as this rank does: a look at once would mostly come too early.
+        yield pause(d.pacing.open_s) + random.uniform(0.0, self.me.world_size / d.pacing.follow_budget)
         while True:
             rf = decode_round(d.get(ROUND_FILE), self.me.world_size)
             if rf is not None and rf.open:  # a closed one is an earlier launch's (this launch's first round needs this rank)
@@ -109,7 +119,7 @@ class FollowerRound:
         own = leaf(self.local_state, rnd)
         if top > 0:
             try:
-                own = yield from Gatherer(me, rnd, slot, self.deadline, watch_moved=True).run(own, top)
+                own = yield from Gatherer(me, rnd, slot, self.deadline, watch_moved=True, waits=self.expect.parts).run(own, top)
             except PartsMissing as m:
                 missing = ", ".join(w.who(c) for c in m.slots)
                 self.fail(rnd, top, slot, f"checkpoint aggregation timed out after {me.timeout_s:g}s in {d.path}: global rank {me.rank}, "
@@ -129,12 +139,15 @@ class FollowerRound:
         due = self.expect.first_look(rnd.writers)
         # All ranks look within ``spread`` seconds of when the merged state is due, then again at least that
         # far apart (``Pacing.follow_budget``); after a look when it was due, a few close ones; with nothing to
-        # go by, twice as long each time.
+        # go by, at a guess, then twice as long each time.
         spread = self.me.world_size / d.pacing.follow_budget
-        delay, growth = (max(d.pacing.first_s, 0.5 * due), 1.5) if due is not None else (d.pacing.first_s, 2.0)
+        if due is not None:
+            delay, growth = max(d.pacing.first_s, 0.5 * due), 1.5
+        else:
+            due = Expectation.first_guess(self.me, rnd.writers)
+            delay, growth = max(d.pacing.first_s, due), 2.0
         delay = max(delay, spread)
-        first = due - (now() - self.called) if due is not None else d.pacing.first_s
-        yield max(0.0, first) + random.uniform(0.0, spread)
+        yield max(0.0, due - (now() - self.called)) + random.uniform(0.0, spread)
         while True:
             look = now()
             data = d.get(name)
