@@ -127,11 +127,11 @@ class FollowerRound:
                           "see the leader's error")
             except AggregationError as e:
                 self.fail(rnd, top, slot, str(e))
-        d.put(part_file(me.rank), encode_part(rnd, top, slot, own.state, own.strides))
+        d.write(part_file(me.rank), encode_part(rnd, top, slot, own.state, own.strides))
 
     def fail(self, rnd: Round, level: int, slot: int, message: str) -> NoReturn:
         """Tell the writer above (and so the leader) why this node cannot be merged, then fail this checkpoint."""
-        self.me.folder.put(part_file(self.me.rank), encode_part(rnd, level, slot, None, None, error=message))
+        self.me.folder.write(part_file(self.me.rank), encode_part(rnd, level, slot, None, None, error=message))
         raise AggregationError(message)
 
     def wait(self, rnd: Round) -> Steps[Merged | Moved]:

@@ -32,7 +32,7 @@ def ok(results: dict, n: int, step: int) -> dict:
 
 
 def writers(ops: list) -> list[int]:
-    return [r for r, o in enumerate(ops) if o.by_kind["rename"] or o.by_kind["put"]]
+    return [r for r, o in enumerate(ops) if o.by_kind["write"] or o.by_kind["put"] or o.by_kind["rename"]]  # the leader publishes by rename
 
 
 @pytest.mark.parametrize("pp, tp, dp", [(1, 8, 4), (2, 2, 4), (4, 1, 4)])
