@@ -43,12 +43,12 @@ class Pacing:
     follow_max_s: float
     follow_budget: float
     moved_check_s: float  # a merging writer looks for a replaced round this often
-    open_s: float  # at a launch's first round, a rank first looks for the round the leader opens this long after its call
+    again_s: float  # a rank that missed the merged state (or the round being opened) looks again no sooner than this
     per_writer_s: float  # with nothing to go by, a rank first looks for the merged state this long per writer after its call
 
     @staticmethod
     def of(local: bool) -> Pacing:
-        return Pacing(0.005, 0.05, 2.0, 20000.0, 1.0, 0.02, 0.0015) if local else Pacing(0.02, 0.1, 5.0, 3000.0, 2.0, 0.1, 0.003)
+        return Pacing(0.005, 0.05, 2.0, 20000.0, 1.0, 0.02, 0.002) if local else Pacing(0.02, 0.1, 5.0, 3000.0, 2.0, 0.1, 0.003)
 
 
 class LocalIO:

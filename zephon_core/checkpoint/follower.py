@@ -43,9 +43,16 @@ class Expectation:
         self.took.append(took)
 
     @staticmethod
-    def first_guess(me: Member, writers: Writers) -> float:
-        """A round with nothing to go by: the leader's work grows with the writers (``Pacing.per_writer_s`` each), a quarter of the timeout at most."""
-        return min(writers.slots * me.folder.pacing.per_writer_s, me.timeout_s / 4)
+    def first_guess(me: Member, writers: Writers, write_s: float) -> float:
+        """A round with nothing to go by, a quarter of the timeout at most.
+
+        The leader's work grows with the writers (``Pacing.per_writer_s`` each), and each
+        level of the tree costs a merging writer a read of its parts and a write: about
+        twice as long as this rank's own write took (``write_s``: a store's latency, or
+        its queue when it is busy), once more for the merged state.
+        """
+        per_level = 2 * (me.tree(writers).depth + 1) * write_s
+        return min(max(writers.slots * me.folder.pacing.per_writer_s, per_level), me.timeout_s / 4)
 
 
 class FollowerRound:
@@ -66,6 +73,7 @@ class FollowerRound:
         # waits there for the note that sends it on, instead of merging anew what other ranks left in it.
         self.failed_in = failed_in
         self.called = now()
+        self.write_s = 0.0  # how long writing this rank's part took (timing only)
         self.deadline = self.called + me.timeout_s + GRACE_S
 
     def run(self) -> Steps[tuple[dict[str, Any], Round]]:
@@ -92,7 +100,7 @@ class FollowerRound:
         d = self.me.folder
         delay = d.pacing.first_s
         # The leader opens the round when it calls, as this rank does: a look at once would mostly come too early.
-        yield pause(d.pacing.open_s) + random.uniform(0.0, self.me.world_size / d.pacing.follow_budget)
+        yield pause(d.pacing.again_s) + random.uniform(0.0, self.me.world_size / d.pacing.follow_budget)
         while True:
             rf = decode_round(d.get(ROUND_FILE), self.me.world_size)
             if rf is not None and rf.open:  # a closed one is an earlier launch's (this launch's first round needs this rank)
@@ -127,7 +135,9 @@ class FollowerRound:
                           "see the leader's error")
             except AggregationError as e:
                 self.fail(rnd, top, slot, str(e))
+        t = now()
         d.write(part_file(me.rank), encode_part(rnd, top, slot, own.state, own.strides))
+        self.write_s = now() - t
 
     def fail(self, rnd: Round, level: int, slot: int, message: str) -> NoReturn:
         """Tell the writer above (and so the leader) why this node cannot be merged, then fail this checkpoint."""
@@ -138,15 +148,12 @@ class FollowerRound:
         d, name = self.me.folder, merged_file(rnd.token)
         due = self.expect.first_look(rnd.writers)
         # All ranks look within ``spread`` seconds of when the merged state is due, then again at least that
-        # far apart (``Pacing.follow_budget``); after a look when it was due, a few close ones; with nothing to
-        # go by, at a guess, then twice as long each time.
+        # far apart (``Pacing.follow_budget``); with nothing to go by, at a guess. After a miss the round is late
+        # by an unknown amount: pauses of the time it was due, then twice as long each time (a few looks, however late).
         spread = self.me.world_size / d.pacing.follow_budget
-        if due is not None:
-            delay, growth = max(d.pacing.first_s, 0.5 * due), 1.5
-        else:
-            due = Expectation.first_guess(self.me, rnd.writers)
-            delay, growth = max(d.pacing.first_s, due), 2.0
-        delay = max(delay, spread)
+        if due is None:
+            due = Expectation.first_guess(self.me, rnd.writers, self.write_s)
+        delay, growth = max(d.pacing.again_s, due, spread), 2.0
         yield max(0.0, due - (now() - self.called)) + random.uniform(0.0, spread)
         while True:
             look = now()
