@@ -98,8 +98,9 @@ class FollowerRound:
 
     def find(self) -> Steps[Round]:
         d = self.me.folder
-        delay = d.pacing.first_s
-        # The leader opens the round when it calls, as this rank does: a look at once would mostly come too early.
+        delay = d.pacing.again_s
+        # The leader opens the round when it calls, as this rank does: a look at once would mostly come too early;
+        # one that misses it means the leader calls late, by an unknown amount: twice as long each time.
         yield pause(d.pacing.again_s) + random.uniform(0.0, self.me.world_size / d.pacing.follow_budget)
         while True:
             rf = decode_round(d.get(ROUND_FILE), self.me.world_size)
@@ -111,7 +112,7 @@ class FollowerRound:
                     f"(global_rank 0) to open a round in {d.path}; did rank 0 call checkpoint()?"
                 )
             yield pause(delay)
-            delay = self.next_delay(delay, 1.5)
+            delay = self.next_delay(delay, 2.0)
 
     def next_delay(self, delay: float, growth: float) -> float:
         p = self.me.folder.pacing
