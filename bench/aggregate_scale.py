@@ -113,7 +113,7 @@ class SimRank:
 
     def done(self, t0: float, merged: dict[str, Any] | None, err: str | None) -> None:
         t1 = time.monotonic()
-        wrote = self.ops.by_kind["put"] + self.ops.by_kind["rename"] > 0
+        wrote = self.ops.by_kind["put"] + self.ops.by_kind["rename"] + self.ops.by_kind["write"] > 0
         self.merged = merged  # checked once every rank of the process is done, so as not to slow the others down
         self.out = {"rank": self.rank, "t0": t0, "t1": t1, "error": err, "ops": self.ops.as_dict(), "wrote": wrote}
 
@@ -192,6 +192,9 @@ def summarize(k: int, outs: list[dict[str, Any]], server_counts: dict[str, int] 
             kinds[kind] = kinds.get(kind, 0) + n
         for f, n in o["ops"]["by_file"].items():
             files[f] = files.get(f, 0) + n
+    roles: dict[str, list[int]] = {}
+    for o in outs:
+        roles.setdefault(role_of(o), []).append(o["ops"]["metadata"])
     start = min(o["t0"] for o in outs)
     ends = sorted(o["t1"] - start for o in outs)
     res.update(
@@ -201,6 +204,7 @@ def summarize(k: int, outs: list[dict[str, Any]], server_counts: dict[str, int] 
         writers=sum(o["wrote"] for o in outs),
         ops_per_rank_mean=statistics.fmean(ops), ops_per_rank_max=max(ops), ops_by_kind_per_rank={kd: n / a.ranks for kd, n in sorted(kinds.items())},
         ops_by_file_per_rank={f: n / a.ranks for f, n in sorted(files.items())},
+        ops_by_role={r: {"ranks": len(v), "mean": statistics.fmean(v), "max": max(v)} for r, v in sorted(roles.items())},
         bytes_read_per_rank=statistics.fmean(o["ops"]["bytes_read"] for o in outs),
         bytes_written_per_rank=statistics.fmean(o["ops"]["bytes_written"] for o in outs),
         identical=len({o["digest"] for o in outs}) == 1, lanes=outs[0]["lanes"], delivered=outs[0]["delivered"],
@@ -208,6 +212,15 @@ def summarize(k: int, outs: list[dict[str, Any]], server_counts: dict[str, int] 
     if server_counts is not None:
         res["server_requests_per_rank"] = {kd: n / a.ranks for kd, n in sorted(server_counts.items())}
     return res
+
+
+def role_of(o: dict[str, Any]) -> str:
+    """leader (rank 0), merger (a writer that read parts), writer, or reader (reads the merged state only)."""
+    if o["rank"] == 0:
+        return "leader"
+    if o["ops"]["by_file"].get("part", 0) > (1 if o["wrote"] else 0):
+        return "merger"
+    return "writer" if o["wrote"] else "reader"
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:

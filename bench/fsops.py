@@ -7,7 +7,7 @@
 
 ``AggregateFolder.io`` makes one call per file-system operation: on a folder an
 ``open`` to read, a ``create`` + ``rename`` to publish a file atomically, a
-``list``, a ``delete``; on an object store one request each (a bulk read or
+``write`` (an open for writing) to write a part in place, a ``list``, a ``delete``; on an object store one request each (a bulk read or
 delete counts one per file, as the store does the work per file). Every kind
 counts as a metadata operation: each is a lookup or a change of the namespace
 (on a parallel file system, a request to its metadata server). Bytes are the
@@ -57,6 +57,11 @@ class _CountingIO:
     def create(self, folder: str) -> tuple[int, str]:
         self._n.add("create", ".tmp-")
         return self._inner.create(folder)
+
+    def write(self, path: str, data: bytes) -> None:
+        self._n.add("write", path)
+        self._n.bytes_written += len(data)
+        self._inner.write(path, data)
 
     def rename(self, src: str, dst: str) -> None:
         self._n.add("rename", dst)

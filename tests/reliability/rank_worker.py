@@ -14,9 +14,9 @@ Faults are injected from outside zephon_core, in this process only:
 * ``kill_before_checkpoint``   SIGKILL instead of calling checkpoint ``k``;
 * ``kill_before_state_write``  SIGKILL when about to write its ``part-*`` file;
 * ``kill_mid_state_write``     write half of the ``part-*`` bytes, then SIGKILL;
-* ``stall_mid_state_write``    write the ``part-*`` bytes to the temporary file,
-                               create ``marker`` and stall (before the rename)
-                               until another round is opened;
+* ``stall_mid_state_write``    write the ``part-*`` bytes, create ``marker`` and
+                               stall (before closing the file) until another
+                               round is opened;
 * ``kill_before_part_merge``   (a merging writer) SIGKILL once it has read the
                                parts it merges, before writing its own;
 * ``kill_before_publish``      (leader) SIGKILL when about to write the merged state;
@@ -96,13 +96,13 @@ def main() -> int:
     def touch(path: str) -> None:
         open(path, "w").close()
 
-    orig_put, orig_get = AggregateFolder.put, AggregateFolder.get
+    orig_put, orig_write, orig_get = AggregateFolder.put, AggregateFolder.write, AggregateFolder.get
 
     def round_token(folder):
         rf = decode_round(orig_get(folder, ROUND_FILE), cfg["world_size"])
         return rf.round.token if rf else None
 
-    def put(self, name, data):
+    def writing(self, name, data, orig):
         publishing = name.startswith("merged-") and b'"kind":"zephon.merged"' in data[:40]  # not a note sending readers on
         if name.startswith("part-") and armed("kill_before_state_write"):
             die()
@@ -112,7 +112,7 @@ def main() -> int:
         if name.startswith("part-") and (armed("kill_mid_state_write") or armed("stall_mid_state_write")) and not current.get("stalled_write"):
             current["partial"] = (self, round_token(self))
             current["stalled_write"] = True  # once
-        orig_put(self, name, data)
+        orig(self, name, data)
         current["partial"] = None
         if publishing and armed("kill_after_publish"):
             die()
@@ -120,6 +120,12 @@ def main() -> int:
             touch(cfg["observe_write"])
         if name.startswith("part-") and armed("slow_follower") and not current.get("stalled"):
             current["joined"] = True
+
+    def put(self, name, data):
+        writing(self, name, data, orig_put)
+
+    def write(self, name, data):  # parts: written in place
+        writing(self, name, data, orig_write)
 
     observed = {"done": False}
 
@@ -166,8 +172,8 @@ def main() -> int:
                     os.fsync(f.fileno())
                     die()
                 f.write(data)
-                # stall_mid_state_write: the bytes are in the temporary file, not
-                # yet renamed; stall until the leader has opened another round.
+                # stall_mid_state_write: the bytes are written, the file not yet
+                # closed; stall until the leader has opened another round.
                 touch(fault["marker"])
                 relkit.wait_for(lambda: round_token(folder) not in (None, token), 60, "a new round")
 
@@ -176,7 +182,7 @@ def main() -> int:
 
         return FaultyWriter()
 
-    AggregateFolder.put, AggregateFolder.get = put, get
+    AggregateFolder.put, AggregateFolder.write, AggregateFolder.get = put, write, get
     gather.Gatherer.await_parts = await_parts
     os.fdopen = fdopen
 

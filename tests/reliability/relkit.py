@@ -326,7 +326,7 @@ def merged_headers(agg: str, run_id: str) -> dict[int, dict[str, Any]]:
 def part_token(agg: str, run_id: str, rank: int) -> str | None:
     """The round token in a local ``part-<rank>.json``, or None."""
     try:
-        return json.loads((Path(agg) / run_id / f"part-{rank}.json").read_bytes()).get("token")
+        return json.loads((Path(agg) / run_id / f"part-{rank}.json").read_bytes().split(b"\n", 1)[0]).get("token")
     except (OSError, ValueError):
         return None
 

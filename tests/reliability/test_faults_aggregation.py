@@ -90,11 +90,14 @@ def test_rank_killed_before_or_while_writing_its_state(tmp_path, rel, kind):
     assert len(leader.states) == 1 and victim.states == leader.states  # round 0 went through
     names = os.listdir(Path(agg) / run_id)
     round1 = relkit.merged_headers(agg, run_id)[1]["next"]["token"]  # announced by round 0's merged state
-    assert relkit.part_token(agg, run_id, 1) != round1, "the dead rank's part of round 1 exists under its final name"
-    if kind == "kill_mid_state_write":  # the half-written bytes exist only under a temporary name
-        assert [n for n in names if n.startswith(".tmp-")], names
+    assert "merged-" + round1 + ".json" not in names, "a round with a dead rank was published"
+    if kind == "kill_mid_state_write":  # half of the part, in place: it names round 1 but is never taken
+        assert relkit.part_token(agg, run_id, 1) == round1, names
+        assert "an incomplete part of this round" in leader.error["message"], leader.error
+    else:
+        assert relkit.part_token(agg, run_id, 1) != round1, "the dead rank's part of round 1 exists"
     rel.case(f"rank killed ({kind.replace('kill_', '').replace('_', ' ')})",
-             "leader: AggregationError naming global rank 1 as missing; no state file of the dead rank under its final name")
+             "leader: AggregationError naming global rank 1 as missing; a half-written part is never taken")
     second, final = recover(tmp_path, agg, run_id, W, leader.states[0], 2, 5)
     account(rel, f"rank killed ({kind.replace('kill_', '').replace('_', ' ')}): rows", leader.rows + victim.rows, 2, second, 5, final)
 
@@ -216,7 +219,7 @@ def test_slow_follower_is_not_carried_into_the_next_round(tmp_path, rel):
 
 def test_new_leader_cleanup_while_a_follower_writes_into_the_stale_round(tmp_path, rel):
     """A follower of the new attempt is writing its state into the crashed
-    attempt's round (bytes in its temporary file, not yet renamed) when the new
+    attempt's round (its part file open, not yet closed) when the new
     leader removes the crashed attempt's files and opens its round. The
     follower must move to the new round, not fail the checkpoint."""
     agg, run_id, W = str(tmp_path / "agg"), "job-midwrite", 2
@@ -230,7 +233,7 @@ def test_new_leader_cleanup_while_a_follower_writes_into_the_stale_round(tmp_pat
     res = run_ranks(cfgs, timeout=90)
     ok = all(r.returncode == 0 and r.error is None for r in res)
     rel.case("new leader cleans up while a follower writes into the stale round",
-             "in-flight .tmp- file left alone; follower moves to the new round" if ok else "FAILED: " + "; ".join(
+             "the part being written left alone; follower moves to the new round" if ok else "FAILED: " + "; ".join(
         f"rank {r.cfg['rank']}: {r.error['message'][:150] if r.error else f'rc={r.returncode}'}" for r in res if r.error or r.returncode))
     for r in res:
         assert r.returncode == 0 and r.error is None, r
@@ -280,11 +283,12 @@ def test_two_jobs_share_one_aggregate_dir(tmp_path, rel):
 
 
 _SPY = r"""
-import json, os, sys, time, fsspec
+import hashlib, json, os, sys, time, fsspec
 path, stop, out, so = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 fs, _, (root,) = fsspec.get_fs_token_paths(path, storage_options=so)
 reads = {"round": 0, "part": 0, "merged": 0}
 bad = []
+torn = 0
 while not os.path.exists(stop):
     time.sleep(0.001)  # throttle only: the ranks share 2 cores with this loop
     fs.invalidate_cache(root)
@@ -300,7 +304,15 @@ while not os.path.exists(stop):
             data = fs.cat_file(root + "/" + n)
         except FileNotFoundError:
             continue
-        head, _, body = data.partition(b"\n")  # a merged file: header line, then the state
+        head, _, body = data.partition(b"\n")  # a merged file or a part: header line, then the rest
+        if kind == "part":  # written in place: a reader may catch it mid-write, and must then see its hash fail
+            try:
+                whole = hashlib.sha256(body).hexdigest() == json.loads(head)["sha256"]
+            except (ValueError, KeyError, TypeError):
+                whole = False
+            reads["part"] += whole
+            torn += not whole
+            continue
         try:
             json.loads(head)
             if kind == "merged" and b'"zephon.merged"' in head:
@@ -308,13 +320,17 @@ while not os.path.exists(stop):
             reads[kind] += 1
         except ValueError:
             bad.append((n, len(data)))
-json.dump({"reads": reads, "bad": bad}, open(out, "w"))
+json.dump({"reads": reads, "bad": bad, "torn_parts": torn}, open(out, "w"))
 """
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_readers_never_see_a_partial_file(tmp_path, rel, where, request):
-    """A spy process reads every round/part/merged file while the ranks write them."""
+    """A spy process reads every round/part/merged file while the ranks write them.
+
+    round.json and merged files are published atomically: never seen partial. Parts
+    are written in place: a read mid-write must fail the part's SHA-256 (which is
+    what makes the protocol's reader, ``records.decode_part``, leave it)."""
     run_id, W = f"job-spy-{uuid.uuid4().hex[:6]}", 2
     so = None
     if where == "s3":
@@ -337,7 +353,7 @@ def test_readers_never_see_a_partial_file(tmp_path, rel, where, request):
     report = json.loads(out.read_text())
     total = sum(report["reads"].values())
     rel.case(f"reader polls every round/part/merged file while {rounds} rounds are written ({where})",
-             f"{total} reads, all whole files" if not report["bad"] else "partial read")
+             f"{total} whole reads; {report['torn_parts']} parts caught mid-write, all failing their hash" if not report["bad"] else "partial read")
     assert report["bad"] == [], f"a reader saw partial files: {report['bad'][:5]}"
     assert total > 0
     checked, lost, dup = compare(by_step(rec for r in res for rec in r.rows), reference(rounds))

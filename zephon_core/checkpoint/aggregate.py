@@ -43,12 +43,14 @@ as a note that sends that round's readers to its own. ``closed`` means the round
 is over: a rank of a new launch waits for round.json to change. A part is taken
 only with this round's token, so nothing of an earlier attempt is merged.
 
-**Waiting.** Only merging writers look for parts, one missing part at a time.
-Every rank looks for the merged file when it is due (the leader's duration of
-its last rounds with the same writers, in the merged file), all ranks within
-``world_size / follow_budget`` seconds of that, then less and less often and
-never closer than that (``folder.Pacing``, ``follower.Expectation``). Timing
-only: no step above depends on it. A rank's part in a round is written as steps
+**Waiting.** Only merging writers look for parts, one missing part at a time,
+first a little before that level's parts came in their last round
+(``gather.PartWaits``). Every rank looks for the merged file when it is due (the
+leader's duration of its last rounds with as many writers, in the merged file; at a
+launch's first round a guess from the writers and the rank's own write time), all
+ranks within ``world_size / follow_budget`` seconds of that, then after that long
+again and twice as long each time (``folder.Pacing``, ``follower.Expectation``).
+Timing only: no step above depends on it. A rank's part in a round is written as steps
 (``Aggregator.steps``) that yield their pauses, so that one process can simulate
 thousands of ranks (bench/aggregate_scale.py).
 """

@@ -1,7 +1,9 @@
 """The run's aggregation folder: ``<aggregate_dir>/<run_id>/`` on a filesystem or an object store.
 
 Files are published atomically (rename on a filesystem, one PUT on an object
-store), so a reader never sees half of one; listings are never cached.
+store), so a reader never sees half of one, except parts: those are written
+in place (``write``, one operation instead of two) and their readers take
+only a record that matches its SHA-256. Listings are never cached.
 
 Every file-system operation goes through ``AggregateFolder.io``, one call per
 operation (an ``open``, a ``rename``, a listing, one request to a store), so
@@ -41,10 +43,12 @@ class Pacing:
     follow_max_s: float
     follow_budget: float
     moved_check_s: float  # a merging writer looks for a replaced round this often
+    again_s: float  # a rank that missed the merged state (or the round being opened) looks again no sooner than this
+    per_writer_s: float  # with nothing to go by, a rank first looks for the merged state this long per writer after its call
 
     @staticmethod
     def of(local: bool) -> Pacing:
-        return Pacing(0.005, 0.05, 2.0, 20000.0, 1.0) if local else Pacing(0.02, 0.1, 5.0, 3000.0, 2.0)
+        return Pacing(0.005, 0.05, 2.0, 20000.0, 1.0, 0.02, 0.002) if local else Pacing(0.02, 0.1, 5.0, 3000.0, 2.0, 0.1, 0.003)
 
 
 class LocalIO:
@@ -52,6 +56,11 @@ class LocalIO:
 
     def create(self, folder: str) -> tuple[int, str]:
         return tempfile.mkstemp(dir=folder, prefix=TMP_PREFIX)
+
+    def write(self, path: str, data: bytes) -> None:
+        # os.open + fdopen (not open()): one open of the file, for writing; 0o644 as every published file
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as f:
+            f.write(data)
 
     def rename(self, src: str, dst: str) -> None:
         os.replace(src, dst)
@@ -151,6 +160,18 @@ class AggregateFolder:
             except BaseException:
                 self.io.delete(tmp)
                 raise
+        except OSError as e:
+            raise AggregationError(f"cannot write {target}: {e}") from None
+
+    def write(self, name: str, data: bytes) -> None:
+        """Write ``data`` as ``name`` in one operation; on a filesystem in place, so a reader may see a write in progress.
+
+        For files whose readers take only a whole record (parts: ``records.decode_part``
+        checks a SHA-256 over the file); on an object store a PUT is atomic anyway.
+        """
+        target = self.file(name)
+        try:
+            (self.io.write if self.local else self.io.put)(target, data)
         except OSError as e:
             raise AggregationError(f"cannot write {target}: {e}") from None
 

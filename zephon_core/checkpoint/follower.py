@@ -6,7 +6,7 @@ import collections
 import random
 from typing import Any, NoReturn
 
-from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, RoundReplaced, Steps, leaf, now, pause, span_label
+from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, PartWaits, RoundReplaced, Steps, leaf, now, pause, span_label
 from zephon_core.checkpoint.names import ROUND_FILE, merged_file, part_file
 from zephon_core.checkpoint.records import Merged, Moved, Round, decode_merged, decode_round, encode_part
 from zephon_core.checkpoint.tree import Writers
@@ -17,27 +17,42 @@ GRACE_S = 5.0
 
 
 class Expectation:
-    """When the merged state should appear: how long the leader took in its last rounds with the same writers.
+    """When the merged state should appear: how long the leader took in its last rounds with as many writers.
 
     Only timing. Ranks of one checkpoint call it at about the same time (a training
     step's collective just ended), so a rank first looks about that long after its
-    own call. After a change of writers (every rank wrote the last time, now only
-    representatives do) there is nothing to go by.
+    own call. The leader's work depends on how many write (the tree's size), not on
+    who: a launch's first round (every rank writes) tells when the next ones are due
+    where every rank is its own dp group. With nothing to go by (a launch's first
+    round, a change in the number of writers) a rank waits for ``first_guess``.
     """
 
     def __init__(self) -> None:
-        self.writers: Writers | None = None
+        self.slots: int | None = None
         self.took: collections.deque[float] = collections.deque(maxlen=3)
+        self.parts = PartWaits()  # a merging writer's: when the parts of each level came
 
     def first_look(self, writers: Writers) -> float | None:
         # The quickest of the last rounds: one slow round (a late rank) does not delay the next ones.
-        return min(self.took) if self.took and writers == self.writers else None
+        return min(self.took) if self.took and writers.slots == self.slots else None
 
     def learn(self, writers: Writers, took: float) -> None:
-        if writers != self.writers:
-            self.writers = writers
+        if writers.slots != self.slots:
+            self.slots = writers.slots
             self.took.clear()
         self.took.append(took)
+
+    @staticmethod
+    def first_guess(me: Member, writers: Writers, write_s: float) -> float:
+        """A round with nothing to go by, a quarter of the timeout at most.
+
+        The leader's work grows with the writers (``Pacing.per_writer_s`` each), and each
+        level of the tree costs a merging writer a read of its parts and a write: about
+        twice as long as this rank's own write took (``write_s``: a store's latency, or
+        its queue when it is busy), once more for the merged state.
+        """
+        per_level = 2 * (me.tree(writers).depth + 1) * write_s
+        return min(max(writers.slots * me.folder.pacing.per_writer_s, per_level), me.timeout_s / 4)
 
 
 class FollowerRound:
@@ -58,6 +73,7 @@ class FollowerRound:
         # waits there for the note that sends it on, instead of merging anew what other ranks left in it.
         self.failed_in = failed_in
         self.called = now()
+        self.write_s = 0.0  # how long writing this rank's part took (timing only)
         self.deadline = self.called + me.timeout_s + GRACE_S
 
     def run(self) -> Steps[tuple[dict[str, Any], Round]]:
@@ -82,7 +98,10 @@ class FollowerRound:
 
     def find(self) -> Steps[Round]:
         d = self.me.folder
-        delay = d.pacing.first_s
+        delay = d.pacing.again_s
+        # The leader opens the round when it calls, as this rank does: a look at once would mostly come too early;
+        # one that misses it means the leader calls late, by an unknown amount: twice as long each time.
+        yield pause(d.pacing.again_s) + random.uniform(0.0, self.me.world_size / d.pacing.follow_budget)
         while True:
             rf = decode_round(d.get(ROUND_FILE), self.me.world_size)
             if rf is not None and rf.open:  # a closed one is an earlier launch's (this launch's first round needs this rank)
@@ -93,7 +112,7 @@ class FollowerRound:
                     f"(global_rank 0) to open a round in {d.path}; did rank 0 call checkpoint()?"
                 )
             yield pause(delay)
-            delay = self.next_delay(delay, 1.5)
+            delay = self.next_delay(delay, 2.0)
 
     def next_delay(self, delay: float, growth: float) -> float:
         p = self.me.folder.pacing
@@ -109,7 +128,7 @@ class FollowerRound:
         own = leaf(self.local_state, rnd)
         if top > 0:
             try:
-                own = yield from Gatherer(me, rnd, slot, self.deadline, watch_moved=True).run(own, top)
+                own = yield from Gatherer(me, rnd, slot, self.deadline, watch_moved=True, waits=self.expect.parts).run(own, top)
             except PartsMissing as m:
                 missing = ", ".join(w.who(c) for c in m.slots)
                 self.fail(rnd, top, slot, f"checkpoint aggregation timed out after {me.timeout_s:g}s in {d.path}: global rank {me.rank}, "
@@ -117,24 +136,26 @@ class FollowerRound:
                           "see the leader's error")
             except AggregationError as e:
                 self.fail(rnd, top, slot, str(e))
-        d.put(part_file(me.rank), encode_part(rnd, top, slot, own.state, own.strides))
+        t = now()
+        d.write(part_file(me.rank), encode_part(rnd, top, slot, own.state, own.strides))
+        self.write_s = now() - t
 
     def fail(self, rnd: Round, level: int, slot: int, message: str) -> NoReturn:
         """Tell the writer above (and so the leader) why this node cannot be merged, then fail this checkpoint."""
-        self.me.folder.put(part_file(self.me.rank), encode_part(rnd, level, slot, None, None, error=message))
+        self.me.folder.write(part_file(self.me.rank), encode_part(rnd, level, slot, None, None, error=message))
         raise AggregationError(message)
 
     def wait(self, rnd: Round) -> Steps[Merged | Moved]:
         d, name = self.me.folder, merged_file(rnd.token)
         due = self.expect.first_look(rnd.writers)
         # All ranks look within ``spread`` seconds of when the merged state is due, then again at least that
-        # far apart (``Pacing.follow_budget``); after a look when it was due, a few close ones; with nothing to
-        # go by, twice as long each time.
+        # far apart (``Pacing.follow_budget``); with nothing to go by, at a guess. After a miss the round is late
+        # by an unknown amount: pauses of the time it was due, then twice as long each time (a few looks, however late).
         spread = self.me.world_size / d.pacing.follow_budget
-        delay, growth = (max(d.pacing.first_s, 0.5 * due), 1.5) if due is not None else (d.pacing.first_s, 2.0)
-        delay = max(delay, spread)
-        first = due - (now() - self.called) if due is not None else d.pacing.first_s
-        yield max(0.0, first) + random.uniform(0.0, spread)
+        if due is None:
+            due = Expectation.first_guess(self.me, rnd.writers, self.write_s)
+        delay, growth = max(d.pacing.again_s, due, spread), 2.0
+        yield max(0.0, due - (now() - self.called)) + random.uniform(0.0, spread)
         while True:
             look = now()
             data = d.get(name)

@@ -68,6 +68,25 @@ def leaf(local_state: dict[str, Any], rnd: Round) -> Subtree:
     return Subtree(local_state, None, {"groups": G, "candidates": strides_of(r, g, G, rnd.writers.world_size)})
 
 
+class PartWaits:
+    """How long a merging writer waited for each level's parts in its last round; timing only.
+
+    Parts of merging writers come a level's merge later than leaves' do; looking for
+    them before they can be there only costs operations. A writer first looks at a
+    level's parts a little before they came the last time (same tree), then as usual.
+    """
+
+    def __init__(self) -> None:
+        self.came: dict[tuple[int, int], float] = {}  # (writers, level) -> seconds from the start of the wait
+
+    def first_look(self, slots: int, level: int) -> float:
+        return 0.8 * self.came.get((slots, level), 0.0)
+
+    def learn(self, slots: int, level: int, waited: float) -> None:
+        self.came = {k: v for k, v in self.came.items() if k[0] == slots}
+        self.came[(slots, level)] = waited
+
+
 class PartsMissing(Exception):
     """The deadline passed before the parts of ``slots`` (children at ``level``) came."""
 
@@ -104,8 +123,8 @@ def join_strides(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str
 class Gatherer:
     """The writer of ``slot`` in round ``rnd``, merging its nodes level by level up to ``top``."""
 
-    def __init__(self, me: Member, rnd: Round, slot: int, deadline: float, watch_moved: bool) -> None:
-        self.me, self.rnd, self.slot = me, rnd, slot
+    def __init__(self, me: Member, rnd: Round, slot: int, deadline: float, watch_moved: bool, waits: PartWaits) -> None:
+        self.me, self.rnd, self.slot, self.waits = me, rnd, slot, waits
         self.tree = me.tree(rnd.writers)
         self.deadline = deadline
         self.watch_moved = watch_moved  # a follower that merges: the leader may replace a failed round
@@ -145,8 +164,12 @@ class Gatherer:
         names = {c: part_file(writers.rank_of(c)) for c in kids}
         got: dict[int, Part] = {}
         seen: dict[int, bytes | None] = {}
-        delay, moved_at = d.pacing.first_s, now() + d.pacing.moved_check_s
+        start = now()
+        delay, moved_at = d.pacing.first_s, start + d.pacing.moved_check_s
         look = kids[:1] if d.local else list(kids)
+        first = min(self.waits.first_look(self.tree.slots, level), self.deadline - start)
+        if first > 0:
+            yield pause(first)
         while True:
             blobs = d.get_many([names[c] for c in look])
             came = False
@@ -157,6 +180,7 @@ class Gatherer:
                     got[c], came = self.accept(part, level, c, d.file(names[c])), True
             pending = [c for c in kids if c not in got]
             if not pending:
+                self.waits.learn(self.tree.slots, level, now() - start)
                 return got
             if came and (d.local or len(look) == 1):
                 look, delay = (pending[:1] if d.local else pending), d.pacing.first_s

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, Steps, Subtree, account_for, leaf, now
+from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, PartWaits, Steps, Subtree, account_for, leaf, now
 from zephon_core.checkpoint.merge import merge_parsed
 from zephon_core.checkpoint.names import ROUND_FILE, TMP_PREFIX, merged_file, new_token, rank_of_part
 from zephon_core.checkpoint.records import Round, decode_round, encode_merged, encode_moved, encode_round
@@ -25,6 +25,7 @@ class LeaderMemory:
     unpublished: list[str] = field(default_factory=list)  # rounds that failed: readers waiting there are sent on
     moved: list[str] = field(default_factory=list)  # redirect files, removed once the round they point to is published
     published: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=2))
+    parts: PartWaits = field(default_factory=PartWaits)
 
 
 class LeaderRound:
@@ -47,7 +48,7 @@ class LeaderRound:
         try:
             tree = self.me.tree(rnd.writers)
             try:
-                top = yield from Gatherer(self.me, rnd, 0, self.deadline, watch_moved=False).run(leaf(local_state, rnd), tree.depth)
+                top = yield from Gatherer(self.me, rnd, 0, self.deadline, watch_moved=False, waits=self.mem.parts).run(leaf(local_state, rnd), tree.depth)
             except PartsMissing as m:
                 raise AggregationError(account_for(self.me, rnd, m, tree.depth)) from None
             if tree.depth == 0:  # the leader alone writes: its own state, as every merge leaves it

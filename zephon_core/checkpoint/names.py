@@ -7,11 +7,13 @@
     after a failed round): its token, who writes, ``open`` or ``closed``;
 ``part-<rank>.json``
     a writer's contribution to the current round (its own state, or the merge of
-    the ranks below it in the tree); one per writer, overwritten at each round;
+    the ranks below it in the tree); one per writer, overwritten in place at each
+    round (a header line with the SHA-256 of the rest: a torn one is never taken);
 ``merged-<token>.json``
     round ``<token>``'s merged state, or a note that the round was replaced;
 ``.tmp-*``
-    a write in flight on a filesystem, renamed into place once complete.
+    the leader's write in flight on a filesystem (round.json, merged files),
+    renamed into place once complete.
 """
 
 from __future__ import annotations

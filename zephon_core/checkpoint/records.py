@@ -2,8 +2,11 @@
 
 A part or the round file with no valid record for the round being read is "not
 (yet) there": fixed names are overwritten at each round, and a crashed writer
-may have left anything under them. A file that names this round's token but
-holds something wrong is an error.
+may have left anything under them. A part is written in place (one operation,
+``AggregateFolder.write``): its header line names the round and the SHA-256 of
+the rest, so a write in progress or cut short is "not there" either, never
+taken. A whole file that names this round's token but holds something wrong is
+an error.
 
 The merged file is a one-line JSON header (token, next round, the SHA-256 of
 the rest) followed by the merged state's canonical JSON, so that each of many
@@ -52,21 +55,33 @@ class Part:
     error: str | None = None
 
 
-_PART_KEYS = {"kind", "token", "level", "first", "state", "strides", "error"}
+_PART_KEYS = {"level", "first", "state", "strides", "error"}
 
 
 def encode_part(rnd: Round, level: int, first: int, state: dict[str, Any] | None, strides: dict[str, Any] | None,
                 error: str | None = None) -> bytes:
-    return canonical_json({"kind": PART, "token": rnd.token, "level": level, "first": first, "state": state, "strides": strides,
-                           "error": error}).encode()
+    """A header line (kind, token, the SHA-256 of the rest) and the part: written in place, a reader takes it only whole."""
+    body = canonical_json({"level": level, "first": first, "state": state, "strides": strides, "error": error}).encode()
+    return canonical_json({"kind": PART, "token": rnd.token, "sha256": hashlib.sha256(body).hexdigest()}).encode() + b"\n" + body
+
+
+def _part_head(data: bytes) -> tuple[Any, bytes, bool]:
+    """The header, the body, and whether the body is the one the header names (not a write in progress or cut short)."""
+    head, nl, body = data.partition(b"\n")
+    rec = _load(head)
+    whole = bool(nl) and isinstance(rec, dict) and hashlib.sha256(body).hexdigest() == rec.get("sha256")
+    return rec, body, whole
 
 
 def decode_part(data: bytes | None, where: str, rnd: Round, level: int, first: int) -> Part | None:
-    """The part this round expects at ``where``, None while it holds no record of this round."""
-    rec = _load(data) if data is not None else None
-    if not isinstance(rec, dict) or rec.get("kind") != PART or rec.get("token") != rnd.token:
+    """The part this round expects at ``where``, None while it holds no whole record of this round."""
+    if data is None:
         return None
-    if set(rec) != _PART_KEYS or (rec["level"], rec["first"]) != (level, first):
+    head, body, whole = _part_head(data)
+    if not isinstance(head, dict) or head.get("kind") != PART or head.get("token") != rnd.token or not whole:
+        return None
+    rec = _load(body)
+    if not isinstance(rec, dict) or set(rec) != _PART_KEYS or (rec["level"], rec["first"]) != (level, first):
         raise AggregationError(f"{where}: a part of this round, but not the one expected (level {level}, first slot {first})")
     if rec["error"] is not None:
         return Part(level, first, None, {}, None, str(rec["error"]))
@@ -86,12 +101,14 @@ def why_not_a_part(data: bytes | None, rnd: Round) -> str:
     """For an error message: what a part file that never became valid held instead."""
     if data is None:
         return "no file"
-    rec = _load(data)
-    if rec is None:
-        return f"{len(data)} bytes that are not JSON"
-    if not isinstance(rec, dict) or rec.get("kind") != PART:
+    head, _, whole = _part_head(data)
+    if not isinstance(head, dict):
+        return f"{len(data)} bytes that do not start with a JSON header line"
+    if head.get("kind") != PART:
         return "JSON that is not a Zephon part (was it written by something else?)"
-    return "a part of an earlier round" if rec.get("token") != rnd.token else "a part of this round"
+    if head.get("token") != rnd.token:
+        return "a part of an earlier round"
+    return "a part of this round" if whole else "an incomplete part of this round (its writer stopped while writing it?)"
 
 
 # -- merged-<token>.json -------------------------------------------------------

@@ -32,7 +32,7 @@ def ok(results: dict, n: int, step: int) -> dict:
 
 
 def writers(ops: list) -> list[int]:
-    return [r for r, o in enumerate(ops) if o.by_kind["rename"] or o.by_kind["put"]]
+    return [r for r, o in enumerate(ops) if o.by_kind["write"] or o.by_kind["put"] or o.by_kind["rename"]]  # the leader publishes by rename
 
 
 @pytest.mark.parametrize("pp, tp, dp", [(1, 8, 4), (2, 2, 4), (4, 1, 4)])
@@ -155,3 +155,25 @@ def test_ranks_wait_for_a_late_leader_without_tight_polling(tmp_path, later, mos
     for r, o in enumerate(ops[1:], start=1):
         looks = o.by_file["round"] + o.by_file["merged"]
         assert 1 <= looks <= most, (r, o.as_dict())
+
+
+@pytest.mark.parametrize("tp, dp", [(1, 64), (8, 8)])
+def test_metadata_operations_per_rank_stay_within_the_goal(tmp_path, tp, dp):
+    """Issue 15's goal, <= 5 metadata operations per rank per checkpoint, counted (not timed) at 64 ranks: with every
+    rank its own dp group (Megatron's layout) and with representatives, a launch's first checkpoint included.
+
+    Looks for files that are not there yet depend on timing (threads on a shared machine), so the goal is held
+    over the launch's checkpoints; each part is one write, whatever the timing."""
+    W, rounds = 64, 4
+    ranks = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, layout=mesh(tp=tp))
+    ops = counted(ranks)
+    per_round = []
+    for step in range(1, rounds + 1):
+        for o in ops:
+            o.reset()
+        ok(ranks.checkpoint(step), W, step)
+        per_round.append(sum(o.metadata for o in ops) / W)
+        for r, o in enumerate(ops[1:], start=1):
+            assert o.by_kind["create"] == o.by_kind["rename"] == o.by_kind["list"] == 0, (r, o.as_dict())
+            assert o.by_kind["write"] == (r % tp == 0 or step == 1), (r, o.as_dict())
+    assert sum(per_round) / rounds <= 5.0, per_round

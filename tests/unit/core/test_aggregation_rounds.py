@@ -94,7 +94,7 @@ def test_a_follower_joins_the_announced_round_at_once(tmp_path):
     assert all(isinstance(s, dict) for s in checkpoint_all(pipelines, batches=1))
     d = pipelines[1]._aggregator.dir
     calls: list = []
-    for name in ("get", "put"):
+    for name in ("get", "write"):
         real = getattr(d, name)
         setattr(d, name, lambda n, *a, _real=real, _name=name: (calls.append((_name, n)), _real(n, *a))[1])
     it = iter(pipelines[0])
@@ -106,7 +106,7 @@ def test_a_follower_joins_the_announced_round_at_once(tmp_path):
     leader.join(60)
     assert isinstance(states[0], dict) and leader_out and leader_out[0] == states[0], (states, leader_out)
     token = pipelines[0]._aggregator.leader.published[-1]
-    assert calls[0] == ("put", "part-1.json") and calls[1:] and all(c == ("get", f"merged-{token}.json") for c in calls[1:]), calls
+    assert calls[0] == ("write", "part-1.json") and calls[1:] and all(c == ("get", f"merged-{token}.json") for c in calls[1:]), calls
     assert b'"token":"' + token.encode() in (tmp_path / "run" / "part-1.json").read_bytes()
 
 
@@ -125,3 +125,22 @@ def test_a_failed_rounds_token_is_never_reused(tmp_path):
     assert all(isinstance(s, dict) for s in states) and states[0] == states[1], states
     assert pipelines[0]._aggregator.leader.published[-1] != announced.token
     assert sorted(v["delivered"] for v in states[0]["lanes"].values()) == [2, 3]  # rank 0 took one more batch
+
+
+def test_a_part_caught_mid_write_is_never_taken():
+    """Parts are written in place: every prefix of one, and one with another round's bytes behind a new header, is "not there"."""
+    from zephon_core.checkpoint.records import Round, decode_part, encode_part, why_not_a_part
+    from zephon_core.checkpoint.state import make_state
+    from zephon_core.checkpoint.tree import Writers
+
+    st = make_state({"x": 1}, 2, {"dp_degree": 2, "dp_group_id": 1, "world_size": 2, "global_rank": 1}, {})
+    rnd, old = (Round(t * 32, 1, Writers(2, 2, None)) for t in "ab")
+    data = encode_part(rnd, 0, 1, st, None)
+    assert decode_part(data, "p", rnd, 0, 1) is not None
+    for n in range(len(data)):
+        assert decode_part(data[:n], "p", rnd, 0, 1) is None, n
+    head = data.split(b"\n", 1)[0]
+    earlier = make_state({"x": 2}, 2, st["topology"], {})  # the last round's part, of other bytes, behind this round's header
+    mixed = head + b"\n" + encode_part(old, 0, 1, earlier, None).split(b"\n", 1)[1]
+    assert decode_part(mixed, "p", rnd, 0, 1) is None
+    assert why_not_a_part(data[: len(data) - 3], rnd).startswith("an incomplete part of this round")
