@@ -23,7 +23,7 @@ import numpy as np
 from zephon_core.curriculum.work_source import Chunk, WorkSource
 from zephon_core.errors import DataError
 from zephon_core.lane.docops import DROPPED, DocOpRunner
-from zephon_core.sources.base import gather_index
+from zephon_core.sources.base import read_flat_grouped
 
 # Documents per slice of a lane's first chunk: a batch needs only as many slices as it has documents.
 SLICE_DOCS = 8
@@ -59,20 +59,8 @@ def _flat_from_sources(work_source: WorkSource, srcs: np.ndarray, docs: np.ndarr
     readers = [r for r in found if callable(r)]
     if len(readers) < len(found):
         return None
-    if len(kinds) == 1:
-        tokens, lengths = readers[0](docs)
-    else:
-        lengths = np.zeros(len(srcs), dtype=np.int64)
-        parts = []
-        for s, read_flat in zip(kinds, readers):
-            where = np.flatnonzero(srcs == s)
-            part, part_len = read_flat(docs[where])
-            lengths[where] = part_len
-            parts.append((where, part, part_len))
-        tokens = np.empty(int(lengths.sum()), dtype=np.int64)
-        starts = np.cumsum(lengths) - lengths
-        for where, part, part_len in parts:
-            tokens[gather_index(starts[where], part_len)] = part
+    by_source = dict(zip(kinds.tolist(), readers))
+    tokens, lengths = read_flat_grouped(srcs, lambda s, where: by_source[s](docs[where]))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return tokens, offsets

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fsspec
@@ -123,6 +123,30 @@ def content_fingerprint(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, A
 
 def default_name(path: str) -> str:
     return os.path.basename(path.rstrip("/")) or path
+
+
+def read_flat_grouped(groups: np.ndarray, read: Callable[[int, np.ndarray | slice], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Documents read group by group, put back in their given order: ``read(g, where)`` returns the
+    flat tokens and the lengths of the documents at positions ``where`` (those of group ``g``; a
+    whole slice when there is one group, so the common case indexes nothing).
+
+    Returns the flat tokens (int64) and the lengths of every document, in the order of ``groups``.
+    """
+    kinds = np.unique(groups)
+    if len(kinds) == 1:
+        return read(int(kinds[0]), slice(None))
+    lengths = np.zeros(len(groups), dtype=np.int64)
+    parts = []
+    for g in kinds:
+        where = np.flatnonzero(groups == g)
+        part, part_len = read(int(g), where)
+        lengths[where] = part_len
+        parts.append((where, part, part_len))
+    tokens = np.empty(int(lengths.sum()), dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    for where, part, part_len in parts:
+        tokens[gather_index(starts[where], part_len)] = part
+    return tokens, lengths
 
 
 def gather_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -85,9 +85,10 @@ def list_files(path: str | Sequence[str], suffixes: Sequence[str], storage_optio
     for spec in specs:
         _, inner = url_to_fs(spec, **(storage_options or {}))  # (open_fs would expand a glob)
         if _GLOB_CHARS & set(inner):
-            fs.invalidate_cache(inner[: min(inner.find(c) for c in _GLOB_CHARS if c in inner)].rsplit("/", 1)[0])
+            root = inner[: min(inner.find(c) for c in _GLOB_CHARS if c in inner)].rsplit("/", 1)[0]
+            fs.invalidate_cache(root)
             hits = fs.glob(inner, detail=True)
-            roots.append(inner[: min(inner.find(c) for c in _GLOB_CHARS if c in inner)].rsplit("/", 1)[0])
+            roots.append(root)
             for info in hits.values():
                 if info.get("type") != "directory":
                     found[str(info["name"])] = _stat(info)

@@ -20,7 +20,7 @@ import numpy as np
 
 from zephon_core.errors import DataError
 from zephon_core.sources import manifest
-from zephon_core.sources.base import Source, default_name, gather_index
+from zephon_core.sources.base import Source, default_name, read_flat_grouped
 from zephon_core.sources.files import Access, FileStat, list_files
 from zephon_core.sources.manifest import ShardMeta
 
@@ -173,20 +173,5 @@ class FlatShardedSource(ShardedSource):
     """A many-file pretokenized source: ``read_flat`` gathers from each file's ``read_flat``."""
 
     def read_flat(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        idx = np.asarray(indices, dtype=np.int64)
-        files, local = self.locate(idx)
-        kinds = np.unique(files)
-        if len(kinds) == 1:
-            return self.file(int(kinds[0])).read_flat(local)  # type: ignore[attr-defined]
-        lengths = np.zeros(len(idx), dtype=np.int64)
-        parts = []
-        for f in kinds:
-            where = np.flatnonzero(files == f)
-            part, part_len = self.file(int(f)).read_flat(local[where])  # type: ignore[attr-defined]
-            lengths[where] = part_len
-            parts.append((where, part, part_len))
-        tokens = np.empty(int(lengths.sum()), dtype=np.int64)
-        starts = np.cumsum(lengths) - lengths
-        for where, part, part_len in parts:
-            tokens[gather_index(starts[where], part_len)] = part
-        return tokens, lengths
+        files, local = self.locate(np.asarray(indices, dtype=np.int64))
+        return read_flat_grouped(files, lambda f, where: self.file(f).read_flat(local[where]))  # type: ignore[attr-defined]
