@@ -40,6 +40,7 @@ class SimRanks:
         self.world_size, self.dp, self.lanes = world_size, dp, lanes or dp
         self.layout = layout or mesh(tp=world_size // dp)
         self.defn = definition()
+        self.took: dict[int, float] = {}  # seconds each rank spent in its last checkpoint() call
         self.aggs = [Aggregator(agg_dir, run_id, world_size, r, timeout_s, dict(storage_options or {}), fan_in=fan_in) for r in range(world_size)]
 
     def set_timeout(self, timeout_s: float) -> None:
@@ -59,6 +60,7 @@ class SimRanks:
                    delay: Mapping[int, float] | None = None, join_timeout: float = 300.0) -> dict[int, Any]:
         """Every rank not in ``absent`` calls checkpoint() at once (``delay``: that many seconds later); their results."""
         skip, states, delay = set(absent), dict(states or {}), dict(delay or {})
+        self.took = {}
         out: dict[int, Any] = {}
         go = threading.Event()
 
@@ -66,10 +68,12 @@ class SimRanks:
             go.wait()
             if r in delay:
                 time.sleep(delay[r])
+            t = time.monotonic()
             try:
                 out[r] = self.aggs[r].checkpoint(st)
             except Exception as e:  # handed back to the test
                 out[r] = e
+            self.took[r] = time.monotonic() - t
 
         threading.stack_size(512 * 1024)
         threads = [threading.Thread(target=run, args=(r, states.get(r) or self.state(r, step))) for r in range(self.world_size) if r not in skip]
@@ -80,3 +84,7 @@ class SimRanks:
             t.join(join_timeout)
         assert not any(t.is_alive() for t in threads), "a simulated rank is still running"
         return out
+
+    def leader_s(self) -> float:
+        """How long global rank 0 took in the last checkpoint: a measure of this machine's speed for the next one's timeout."""
+        return self.took[0]
