@@ -45,10 +45,11 @@ class Pacing:
     moved_check_s: float  # a merging writer looks for a replaced round this often
     again_s: float  # a rank that missed the merged state (or the round being opened) looks again no sooner than this
     per_writer_s: float  # with nothing to go by, a rank first looks for the merged state this long per writer after its call
+    guess_floor_s: float  # ... and no sooner than this: a launch's first round is one round, an extra look every rank's
 
     @staticmethod
     def of(local: bool) -> Pacing:
-        return Pacing(0.005, 0.05, 2.0, 20000.0, 1.0, 0.02, 0.002) if local else Pacing(0.02, 0.1, 5.0, 3000.0, 2.0, 0.1, 0.003)
+        return Pacing(0.005, 0.05, 2.0, 20000.0, 1.0, 0.02, 0.00025, 0.1) if local else Pacing(0.02, 0.1, 5.0, 3000.0, 2.0, 0.1, 0.0003, 0.5)
 
 
 class LocalIO:

@@ -46,13 +46,18 @@ class Expectation:
     def first_guess(me: Member, writers: Writers, write_s: float) -> float:
         """A round with nothing to go by, a quarter of the timeout at most.
 
-        The leader's work grows with the writers (``Pacing.per_writer_s`` each), and each
-        level of the tree costs a merging writer a read of its parts and a write: about
-        twice as long as this rank's own write took (``write_s``: a store's latency, or
-        its queue when it is busy), once more for the merged state.
+        Each writer's part costs the shared folder or store some time (``Pacing.per_writer_s``
+        each: a metadata server or a prefix serving a few thousand writes a second). On an
+        object store each level of the tree costs a merging writer a read of its parts and
+        a write: about twice as long as this rank's own write took (``write_s``: the
+        store's latency, or its queue when it is busy), once more for the merged state. On
+        a folder a write takes microseconds, and one that took long says that this process
+        was not scheduled, not when the leader will be done. Never sooner than
+        ``Pacing.guess_floor_s``.
         """
-        per_level = 2 * (me.tree(writers).depth + 1) * write_s
-        return min(max(writers.slots * me.folder.pacing.per_writer_s, per_level), me.timeout_s / 4)
+        p = me.folder.pacing
+        per_level = 0.0 if me.folder.local else 2 * (me.tree(writers).depth + 1) * write_s
+        return min(max(writers.slots * p.per_writer_s, per_level, p.guess_floor_s), me.timeout_s / 4)
 
 
 class FollowerRound:
@@ -74,6 +79,7 @@ class FollowerRound:
         self.failed_in = failed_in
         self.called = now()
         self.write_s = 0.0  # how long writing this rank's part took (timing only)
+        self.took_before: float | None = None  # round.json's: the last launch's first round of this world size took that long
         self.deadline = self.called + me.timeout_s + GRACE_S
 
     def run(self) -> Steps[tuple[dict[str, Any], Round]]:
@@ -105,6 +111,7 @@ class FollowerRound:
         while True:
             rf = decode_round(d.get(ROUND_FILE), self.me.world_size)
             if rf is not None and rf.open:  # a closed one is an earlier launch's (this launch's first round needs this rank)
+                self.took_before = rf.took
                 return rf.round
             if now() > self.deadline:
                 raise AggregationError(
@@ -149,11 +156,13 @@ class FollowerRound:
         d, name = self.me.folder, merged_file(rnd.token)
         due = self.expect.first_look(rnd.writers)
         # All ranks look within ``spread`` seconds of when the merged state is due, then again at least that
-        # far apart (``Pacing.follow_budget``); with nothing to go by, at a guess. After a miss the round is late
+        # far apart (``Pacing.follow_budget``); at a launch's first round when the last launch's took (round.json),
+        # and with nothing to go by, at a guess. After a miss the round is late
         # by an unknown amount: pauses of the time it was due, then twice as long each time (a few looks, however late).
         spread = self.me.world_size / d.pacing.follow_budget
         if due is None:
-            due = Expectation.first_guess(self.me, rnd.writers, self.write_s)
+            due = self.took_before if self.took_before is not None and rnd.writers.stride is None else \
+                Expectation.first_guess(self.me, rnd.writers, self.write_s)
         delay, growth = max(d.pacing.again_s, due, spread), 2.0
         yield max(0.0, due - (now() - self.called)) + random.uniform(0.0, spread)
         while True:

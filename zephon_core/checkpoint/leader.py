@@ -68,16 +68,16 @@ class LeaderRound:
             mem.number = self.announced.number
             return self.announced, False
         first = not mem.started
-        number = mem.number + 1
+        number, took_before = mem.number + 1, None
         if first:  # an earlier launch's round.json: its round may have readers of this launch waiting in it
-            old = decode_round(d.get(ROUND_FILE), self.me.world_size)
+            old = decode_round(d.get(ROUND_FILE), self.me.world_size)  # None unless of this world size
             if old is not None:
-                number = old.round.number + 1
+                number, took_before = old.round.number + 1, old.took  # closed: what it took; open: what it expected
                 if old.open:
                     mem.unpublished.append(old.round.token)
         rnd = Round(new_token(), number, Writers(self.me.world_size, self.groups, None))
         mem.number = number
-        d.put(ROUND_FILE, encode_round(rnd, True))
+        d.put(ROUND_FILE, encode_round(rnd, True, took_before))
         for token in mem.unpublished:
             d.put(merged_file(token), encode_moved(token, rnd))
         mem.moved += mem.unpublished
@@ -121,7 +121,7 @@ class LeaderRound:
     def publish(self, rnd: Round, via_file: bool, state_json: bytes, following: Round) -> None:
         d, mem = self.me.folder, self.mem
         if via_file:  # closed before the merged file exists: a new launch's rank that reads "open" knows none exists yet
-            d.put(ROUND_FILE, encode_round(rnd, False))
+            d.put(ROUND_FILE, encode_round(rnd, False, took=now() - self.start))
         d.put(merged_file(rnd.token), encode_merged(rnd, state_json, following, now() - self.start))
         # Every reader of an older round has moved to this one (every rank wrote in it), or read its
         # merged file; the last two merged files stay for readers that are a round behind.

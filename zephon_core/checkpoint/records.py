@@ -162,13 +162,21 @@ def decode_merged(data: bytes, where: str, token: str, world_size: int) -> Merge
 # -- round.json ----------------------------------------------------------------
 @dataclass(frozen=True)
 class RoundFile:
+    """The leader's round file. ``took`` (timing only): for a closed round, the seconds the leader
+    took in it; for an open one, what the last launch's first round of this world size took, so
+    that a launch's ranks know when to look for the merged state of a round nothing else dates."""
+
     round: Round
     open: bool  # closed: the leader has (or had) every part and publishes (or published) the merged state
+    took: float | None = None
 
 
-def encode_round(rnd: Round, is_open: bool) -> bytes:
-    return canonical_json({"kind": ROUND, "token": rnd.token, "round": rnd.number, "writers": rnd.writers.to_json(),
-                           "status": "open" if is_open else "closed"}).encode()
+def encode_round(rnd: Round, is_open: bool, took: float | None = None) -> bytes:
+    rec: dict[str, Any] = {"kind": ROUND, "token": rnd.token, "round": rnd.number, "writers": rnd.writers.to_json(),
+                           "status": "open" if is_open else "closed"}
+    if took is not None:
+        rec["took"] = round(took, 4)
+    return canonical_json(rec).encode()
 
 
 def decode_round(data: bytes | None, world_size: int) -> RoundFile | None:
@@ -180,4 +188,7 @@ def decode_round(data: bytes | None, world_size: int) -> RoundFile | None:
         rnd = _round_ref({k: rec.get(k) for k in ("token", "round", "writers")}, world_size, "round.json")
     except AggregationError:
         return None
-    return RoundFile(rnd, rec["status"] == "open")
+    took = rec.get("took")
+    if not (isinstance(took, (int, float)) and not isinstance(took, bool) and 0 <= took < float("inf")):
+        took = None  # timing only: a figure that is not one is ignored
+    return RoundFile(rnd, rec["status"] == "open", None if took is None else float(took))

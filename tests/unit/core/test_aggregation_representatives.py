@@ -177,3 +177,31 @@ def test_metadata_operations_per_rank_stay_within_the_goal(tmp_path, tp, dp):
             assert o.by_kind["create"] == o.by_kind["rename"] == o.by_kind["list"] == 0, (r, o.as_dict())
             assert o.by_kind["write"] == (r % tp == 0 or step == 1), (r, o.as_dict())
     assert sum(per_round) / rounds <= 5.0, per_round
+
+
+def test_a_relaunchs_first_checkpoint_is_due_when_the_last_launchs_was(tmp_path):
+    """round.json, closed, says how long the launch's first round took; the next launch of this world size
+    carries it in the round it opens, and its ranks look for the merged state that long after their call,
+    once (the leader is done long before), instead of guessing from the number of writers."""
+    W, dp = 16, 4
+    first = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, fan_in=4)
+    ok(first.checkpoint(1), W, 1)
+    round_file = tmp_path / "run" / "round.json"
+    closed = json.loads(round_file.read_bytes())
+    assert closed["status"] == "closed" and 0 < closed["took"] < 30, closed
+    closed["took"] = 1.5  # as if that first round had taken 1.5 s: timing only, so any figure is safe
+    round_file.write_text(json.dumps(closed))
+    relaunch = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, fan_in=4)
+    ops = counted(relaunch)
+    ok(relaunch.checkpoint(2), W, 2)
+    for r, o in enumerate(ops[1:], start=1):
+        assert o.by_file["merged"] == 1 and relaunch.took[r] >= 1.5 * 0.99, (r, relaunch.took[r], o.as_dict())
+    assert json.loads(round_file.read_bytes())["took"] < 1.5, "the relaunch's round.json says what its own round took"
+    # Another world size never takes the figure: 8 ranks guess (0.1 s) and are done long before 1.5 s.
+    closed["took"] = 1.5
+    round_file.write_text(json.dumps(closed))
+    other = SimRanks(str(tmp_path), "run8", world_size=8, dp=4, fan_in=4)
+    (tmp_path / "run8").mkdir(exist_ok=True)
+    (tmp_path / "run8" / "round.json").write_text(json.dumps(closed))
+    ok(other.checkpoint(1), 8, 1)
+    assert max(other.took.values()) < 1.5, other.took
