@@ -13,7 +13,7 @@ document.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -32,7 +32,8 @@ class Position(NamedTuple):
     @classmethod
     def of(cls, row: np.ndarray) -> Position:
         """A position from one row of a ``RowBlock.ends`` array."""
-        return cls(int(row[0]), int(row[1]), int(row[2]))
+        chunk, document, token = row.tolist()
+        return cls(chunk, document, token)
 
 
 @dataclass
@@ -44,17 +45,18 @@ class RowBlock:
     valid: np.ndarray  # [n, W] bool, False on padding
     segments: np.ndarray  # [s, 5] int64 (row, source, document, start, stop), ordered by row
     ends: np.ndarray  # [n, 3] int64, the packer position after each row
+    _first: list[int] | None = field(default=None, repr=False, compare=False)  # row r's segments start at _first[r]
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def rows(self, a: int, b: int) -> RowBlock:
-        """Rows ``a..b-1`` (views)."""
+        """Rows ``a..b-1`` (views); a block is cut into many, so where each row's segments start is found once."""
         if a == 0 and b == len(self):
             return self
-        seg = self.segments
-        lo, hi = np.searchsorted(seg[:, 0], (a, b))
-        part = seg[lo:hi].copy()
+        if self._first is None:
+            self._first = np.searchsorted(self.segments[:, 0], np.arange(len(self) + 1)).tolist()
+        part = self.segments[self._first[a] : self._first[b]].copy()
         part[:, 0] -= a
         return RowBlock(self.tokens[a:b], self.positions[a:b], self.valid[a:b], part, self.ends[a:b])
 
@@ -102,6 +104,16 @@ def _arange(n: int) -> np.ndarray:
     return a[:n]
 
 
+def _sorted_union(doc_starts: np.ndarray, row_starts: np.ndarray) -> np.ndarray:
+    """0 and the values of two ascending arrays, ascending, each once (``np.unique`` hashes; this is a sort of few values)."""
+    a = np.concatenate([np.zeros(1, dtype=np.int64), doc_starts, row_starts])
+    a.sort()
+    keep = np.empty(len(a), dtype=bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
+
+
 def _piece_stream(piece: Piece, j: int, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Tokens of documents ``j..`` of a piece from token ``t`` of ``j``; each document's start and length in them."""
     base = int(piece.offsets[j]) + t
@@ -136,24 +148,27 @@ class ConcatPacker:
         # the stream's first token always starts one (a document, or the row after a cut).
         row_starts = np.arange(W - c, S, W, dtype=np.int64)
         doc_starts = starts[(starts > 0) & (starts < S)]
-        bounds = np.unique(np.concatenate([[0], doc_starts, row_starts]))
+        bounds = _sorted_union(doc_starts, row_starts)
         seg_len = np.diff(np.append(bounds, S))
         doc = np.searchsorted(starts, bounds, side="right") - 1  # the last document starting there: skips empty ones
         seg_start = bounds - starts[doc]
         which = j + doc
         segs = np.stack([piece.sources[which], piece.documents[which], seg_start, seg_start + seg_len], axis=1).astype(np.int64, copy=False)
 
-        positions = _arange(S) - np.repeat(bounds, seg_len)
-
+        # Each token's segment start, subtracted from its offset: written straight into the rows' array.
+        seg_of = np.repeat(bounds, seg_len)
         if not n_rows:
-            self._append_carry(stream, positions, segs)
+            self._append_carry(stream, _arange(S) - seg_of, segs)
             return None
 
         in_rows = bounds < used
         carried = np.column_stack([np.zeros(len(self._carry_segments), dtype=np.int64), self._carry_segments])
         fresh = np.column_stack([(bounds[in_rows] + c) // W, segs[in_rows]])
         tokens = np.concatenate([self._carry_tokens, stream[:used]]).reshape(n_rows, W)
-        pos = np.concatenate([self._carry_positions, positions[:used]]).reshape(n_rows, W)
+        pos = np.empty(n_rows * W, dtype=np.int64)
+        pos[:c] = self._carry_positions
+        np.subtract(_arange(used), seg_of[:used], out=pos[c:])
+        pos = pos.reshape(n_rows, W)
 
         # The packer position after each row: right after its last token.
         last = np.arange(1, n_rows + 1, dtype=np.int64) * W - c - 1
@@ -166,7 +181,7 @@ class ConcatPacker:
         ends[:, 2] = np.where(done, 0, taken)
 
         self._carry_tokens = stream[used:]
-        self._carry_positions = positions[used:]
+        self._carry_positions = _arange(S)[used:] - seg_of[used:]
         self._carry_segments = segs[~in_rows]
         return RowBlock(tokens, pos, np.ones((n_rows, W), dtype=bool), np.concatenate([carried, fresh]), ends)
 
