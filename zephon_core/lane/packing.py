@@ -165,10 +165,10 @@ class ConcatPacker:
         carried = np.column_stack([np.zeros(len(self._carry_segments), dtype=np.int64), self._carry_segments])
         fresh = np.column_stack([(bounds[in_rows] + c) // W, segs[in_rows]])
         tokens = np.concatenate([self._carry_tokens, stream[:used]]).reshape(n_rows, W)
-        pos = np.empty(n_rows * W, dtype=np.int64)
-        pos[:c] = self._carry_positions
-        np.subtract(_arange(used), seg_of[:used], out=pos[c:])
-        pos = pos.reshape(n_rows, W)
+        flat_pos = np.empty(n_rows * W, dtype=np.int64)
+        flat_pos[:c] = self._carry_positions
+        np.subtract(_arange(used), seg_of[:used], out=flat_pos[c:])
+        pos = flat_pos.reshape(n_rows, W)
 
         # The packer position after each row: right after its last token.
         last = np.arange(1, n_rows + 1, dtype=np.int64) * W - c - 1
