@@ -89,21 +89,6 @@ class RowBlock:
         )
 
 
-_ARANGE = np.arange(1 << 16, dtype=np.int64)
-_ARANGE.flags.writeable = False
-
-
-def _arange(n: int) -> np.ndarray:
-    """``np.arange(n)`` as a read-only view of a shared array (saves a pass per piece)."""
-    global _ARANGE
-    a = _ARANGE
-    if len(a) < n:
-        a = np.arange(max(n, 2 * len(a)), dtype=np.int64)
-        a.flags.writeable = False
-        _ARANGE = a
-    return a[:n]
-
-
 def _sorted_union(doc_starts: np.ndarray, row_starts: np.ndarray) -> np.ndarray:
     """0 and the values of two ascending arrays, ascending, each once (``np.unique`` hashes; this is a sort of few values)."""
     a = np.concatenate([np.zeros(1, dtype=np.int64), doc_starts, row_starts])
@@ -155,20 +140,23 @@ class ConcatPacker:
         which = j + doc
         segs = np.stack([piece.sources[which], piece.documents[which], seg_start, seg_start + seg_len], axis=1).astype(np.int64, copy=False)
 
-        # Each token's segment start, subtracted from its offset: written straight into the rows' array.
-        seg_of = np.repeat(bounds, seg_len)
+        # Positions after the open row's: steps of 1, back to 0 at each segment start, summed in place.
+        buf = np.empty(c + S, dtype=np.int64)
+        buf[:c] = self._carry_positions
+        positions = buf[c:]
+        positions.fill(1)
+        positions[0] = 0
+        positions[bounds[1:]] = 1 - seg_len[:-1]
+        np.cumsum(positions, out=positions)
         if not n_rows:
-            self._append_carry(stream, _arange(S) - seg_of, segs)
+            self._append_carry(stream, positions, segs)
             return None
 
         in_rows = bounds < used
         carried = np.column_stack([np.zeros(len(self._carry_segments), dtype=np.int64), self._carry_segments])
         fresh = np.column_stack([(bounds[in_rows] + c) // W, segs[in_rows]])
         tokens = np.concatenate([self._carry_tokens, stream[:used]]).reshape(n_rows, W)
-        flat_pos = np.empty(n_rows * W, dtype=np.int64)
-        flat_pos[:c] = self._carry_positions
-        np.subtract(_arange(used), seg_of[:used], out=flat_pos[c:])
-        pos = flat_pos.reshape(n_rows, W)
+        pos = buf[: c + used].reshape(n_rows, W)
 
         # The packer position after each row: right after its last token.
         last = np.arange(1, n_rows + 1, dtype=np.int64) * W - c - 1
@@ -181,7 +169,7 @@ class ConcatPacker:
         ends[:, 2] = np.where(done, 0, taken)
 
         self._carry_tokens = stream[used:]
-        self._carry_positions = _arange(S)[used:] - seg_of[used:]
+        self._carry_positions = buf[c + used :]
         self._carry_segments = segs[~in_rows]
         return RowBlock(tokens, pos, np.ones((n_rows, W), dtype=bool), np.concatenate([carried, fresh]), ends)
 
