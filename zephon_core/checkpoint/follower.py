@@ -160,9 +160,12 @@ class FollowerRound:
         # and with nothing to go by, at a guess. After a miss the round is late
         # by an unknown amount: pauses of the time it was due, then twice as long each time (a few looks, however late).
         spread = self.me.world_size / d.pacing.follow_budget
+        if due is None and self.took_before is not None and rnd.writers.stride is None:
+            # One slow launch (a rank that came late) delays the next one's first look at most this much;
+            # that launch's own time (its leader's, not its ranks') is what the one after goes by.
+            due = min(self.took_before, self.me.timeout_s / 4)
         if due is None:
-            due = self.took_before if self.took_before is not None and rnd.writers.stride is None else \
-                Expectation.first_guess(self.me, rnd.writers, self.write_s)
+            due = Expectation.first_guess(self.me, rnd.writers, self.write_s)
         delay, growth = max(d.pacing.again_s, due, spread), 2.0
         yield max(0.0, due - (now() - self.called)) + random.uniform(0.0, spread)
         while True:

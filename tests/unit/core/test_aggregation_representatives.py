@@ -197,6 +197,12 @@ def test_a_relaunchs_first_checkpoint_is_due_when_the_last_launchs_was(tmp_path)
     for r, o in enumerate(ops[1:], start=1):
         assert o.by_file["merged"] == 1 and relaunch.took[r] >= 1.5 * 0.99, (r, relaunch.took[r], o.as_dict())
     assert json.loads(round_file.read_bytes())["took"] < 1.5, "the relaunch's round.json says what its own round took"
+    # A launch that took very long (a rank came late) delays the next one's first look by a quarter of its timeout at most.
+    closed["took"] = 1000.0
+    round_file.write_text(json.dumps(closed))
+    late = SimRanks(str(tmp_path), "run", world_size=W, dp=dp, fan_in=4, timeout_s=4.0)
+    ok(late.checkpoint(3), W, 3)
+    assert 0.99 <= min(late.took[r] for r in range(1, W)) and max(late.took.values()) < 3.0, late.took
     # Another world size never takes the figure: 8 ranks guess (0.1 s) and are done long before 1.5 s.
     closed["took"] = 1.5
     round_file.write_text(json.dumps(closed))
