@@ -45,25 +45,29 @@ class RowBlock:
     valid: np.ndarray  # [n, W] bool, False on padding
     segments: np.ndarray  # [s, 5] int64 (row, source, document, start, stop), ordered by row
     ends: np.ndarray  # [n, 3] int64, the packer position after each row
-    _first: list[int] | None = field(default=None, repr=False, compare=False)  # row r's segments start at _first[r]
+    _first: np.ndarray | None = field(default=None, repr=False, compare=False)  # see segment_starts
 
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def segment_starts(self) -> np.ndarray:
+        """``[n + 1]``: row ``r``'s segments are ``segments[s[r]:s[r + 1]]``; found once, as a block is cut into many."""
+        if self._first is None:
+            self._first = np.searchsorted(self.segments[:, 0], np.arange(len(self) + 1))
+        return self._first
+
     def rows(self, a: int, b: int) -> RowBlock:
-        """Rows ``a..b-1`` (views); a block is cut into many, so where each row's segments start is found once."""
+        """Rows ``a..b-1`` (views)."""
         if a == 0 and b == len(self):
             return self
-        if self._first is None:
-            self._first = np.searchsorted(self.segments[:, 0], np.arange(len(self) + 1)).tolist()
-        part = self.segments[self._first[a] : self._first[b]].copy()
+        first = self.segment_starts()
+        part = self.segments[first[a] : first[b]].copy()
         part[:, 0] -= a
         return RowBlock(self.tokens[a:b], self.positions[a:b], self.valid[a:b], part, self.ends[a:b])
 
     def permuted(self, order: np.ndarray) -> RowBlock:
         """Row ``j`` of the result is row ``order[j]`` of this block."""
-        seg = self.segments
-        first = np.searchsorted(seg[:, 0], np.arange(len(self) + 1))
+        seg, first = self.segments, self.segment_starts()
         counts = np.diff(first)[order]
         moved = seg[gather_index(first[:-1][order], counts)]
         moved[:, 0] = np.repeat(np.arange(len(order), dtype=np.int64), counts)
