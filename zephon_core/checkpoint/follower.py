@@ -44,7 +44,7 @@ class Expectation:
 
     @staticmethod
     def first_guess(me: Member, writers: Writers, write_s: float) -> float:
-        """A round with nothing to go by, a quarter of the timeout at most.
+        """A round with nothing to go by.
 
         Each writer's part costs the shared folder or store some time (``Pacing.per_writer_s``
         each: a metadata server or a prefix serving a few thousand writes a second). On an
@@ -57,7 +57,7 @@ class Expectation:
         """
         p = me.folder.pacing
         per_level = 0.0 if me.folder.local else 2 * (me.tree(writers).depth + 1) * write_s
-        return min(max(writers.slots * p.per_writer_s, per_level, p.guess_floor_s), me.timeout_s / 4)
+        return max(writers.slots * p.per_writer_s, per_level, p.guess_floor_s)
 
 
 class FollowerRound:
@@ -160,12 +160,12 @@ class FollowerRound:
         # and with nothing to go by, at a guess. After a miss the round is late
         # by an unknown amount: pauses of the time it was due, then twice as long each time (a few looks, however late).
         spread = self.me.world_size / d.pacing.follow_budget
-        if due is None and self.took_before is not None and rnd.writers.stride is None:
-            # One slow launch (a rank that came late) delays the next one's first look at most this much;
-            # that launch's own time (its leader's, not its ranks') is what the one after goes by.
-            due = min(self.took_before, self.me.timeout_s / 4)
         if due is None:
-            due = Expectation.first_guess(self.me, rnd.writers, self.write_s)
+            # Neither the last launch's figure nor a guess delays the first look by more than a quarter of the
+            # timeout: one slow launch (a rank that came late) delays only the next, whose own time (its leader's,
+            # not its ranks') is what the one after goes by.
+            before = self.took_before if rnd.writers.stride is None else None
+            due = min(Expectation.first_guess(self.me, rnd.writers, self.write_s) if before is None else before, self.me.timeout_s / 4)
         delay, growth = max(d.pacing.again_s, due, spread), 2.0
         yield max(0.0, due - (now() - self.called)) + random.uniform(0.0, spread)
         while True:
