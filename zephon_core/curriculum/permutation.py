@@ -25,6 +25,12 @@ def derive_key(*parts: object) -> int:
     return struct.unpack("<Q", hashlib.blake2b(text, digest_size=8).digest())[0]
 
 
+def derive_keys(parts: Sequence[object], lasts: Sequence[object]) -> list[int]:
+    """``[derive_key(*parts, x) for x in lasts]``, joining the shared parts once."""
+    head = "".join(repr(p) + "\x1f" for p in parts)
+    return [struct.unpack("<Q", hashlib.blake2b((head + repr(x)).encode(), digest_size=8).digest())[0] for x in lasts]
+
+
 def round_keys(key: int) -> list[int]:
     """``[derive_key(key, r) for r in range(_ROUNDS)]`` without the per-call joins: a permutation's round keys."""
     prefix = repr(int(key)).encode() + b"\x1f"
@@ -148,18 +154,17 @@ def feistel_domain(n: int) -> int:
     return int(_geometry(n)[0])
 
 
-def permute_ragged(sizes: Sequence[int], keys: Sequence[int]) -> list[np.ndarray]:
-    """``IndexPermutation(sizes[j], keys[j]).take(arange(sizes[j]))`` for every ``j``, in one set of NumPy calls.
+def permute_ragged(sizes: Sequence[int] | np.ndarray, keys: Sequence[int]) -> np.ndarray:
+    """``IndexPermutation(sizes[j], keys[j]).take(arange(sizes[j]))`` for every ``j``, end to end, in one set of NumPy calls.
 
     The sizes (each >= 2) must share one ``feistel_domain``: chunks of
     token-weighted stages differ in size, and are interleaved together.
     """
     n = np.asarray(sizes, dtype=np.int64)
     if not len(n):
-        return []
+        return np.zeros(0, dtype=np.int64)
     if n.min() < 2 or len({feistel_domain(int(x)) for x in set(n.tolist())}) != 1:
         raise ValueError(f"permute_ragged needs sizes >= 2 of one Feistel domain, got {sorted(set(n.tolist()))}")
     rows = np.repeat(np.arange(len(n)), n)
     x = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
-    out = _rows_feistel(x, rows, n.astype(np.uint64)[rows], int(n.max()), keys)
-    return np.split(out, np.cumsum(n)[:-1])
+    return _rows_feistel(x, rows, n.astype(np.uint64)[rows], int(n.max()), keys)

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.curriculum.permutation import derive_key, feistel_domain, permute_ragged
-from zephon_core.sources.base import Source
+from zephon_core.curriculum.permutation import derive_keys, feistel_domain, permute_ragged
+from zephon_core.sources.base import Source, gather_index
 
 
 @dataclass(frozen=True)
@@ -67,25 +67,35 @@ def interleave(gs: Sequence[int], per_source: Sequence[Sequence[np.ndarray]], se
     """Chunk ``gs[j]`` from ``per_source[s][j]`` (the documents source ``s`` gives it), interleaved by a
     per-chunk permutation keyed by ``seed`` and ``g`` (none when ``shuffle`` is off).
 
-    Chunks of similar size share one batched permutation pass.
+    All chunks are laid end to end in one array, and chunks of similar size share
+    one batched permutation pass; each chunk is then a slice of the result.
     """
-    unmixed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for j, g in enumerate(gs):
-        docs = [per_source[s][j] for s in range(len(per_source))]
-        srcs = [np.full(len(d), s, dtype=np.int64) for s, d in enumerate(docs)]
-        unmixed[g] = (np.concatenate(srcs), np.concatenate(docs))
-    # Chunks whose sizes share a Feistel domain are permuted in one pass (chunks of
-    # token-weighted stages differ in size); the values are those of one pass per chunk.
-    by_domain: dict[int, list[int]] = {}
-    out: dict[int, Chunk] = {}
-    for g, (src, doc) in unmixed.items():
-        if not shuffle or len(src) < 2:
-            out[g] = Chunk(g, src, doc)
-        else:
-            by_domain.setdefault(feistel_domain(len(src)), []).append(g)
-    for group in by_domain.values():
-        keys = [derive_key("interleave", seed, g) for g in group]
-        for g, order in zip(group, permute_ragged([len(unmixed[g][0]) for g in group], keys)):
-            src, doc = unmixed[g]
-            out[g] = Chunk(g, src[order], doc[order])
-    return out
+    if not gs:
+        return {}
+    J, S = len(gs), len(per_source)
+    parts = [per_source[s][j] for j in range(J) for s in range(S)]
+    lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=J * S)
+    docs = np.concatenate(parts)
+    srcs = np.repeat(np.tile(np.arange(S, dtype=np.int64), J), lengths)
+    sizes = lengths.reshape(J, S).sum(axis=1)
+    bounds = np.zeros(J + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    if shuffle:
+        # Chunks whose sizes share a Feistel domain are permuted in one pass (chunks of
+        # token-weighted stages differ in size); the values are those of one pass per chunk.
+        by_domain: dict[int, list[int]] = {}
+        domain_of: dict[int, int] = {}
+        for j, n in enumerate(sizes.tolist()):
+            if n >= 2:
+                if n not in domain_of:
+                    domain_of[n] = feistel_domain(n)
+                by_domain.setdefault(domain_of[n], []).append(j)
+        if by_domain:
+            order = np.arange(len(docs), dtype=np.int64)
+            for group in by_domain.values():
+                js = np.asarray(group, dtype=np.int64)
+                keys = derive_keys(("interleave", seed), [gs[j] for j in group])
+                order[gather_index(bounds[js], sizes[js])] = permute_ragged(sizes[js], keys) + np.repeat(bounds[js], sizes[js])
+            srcs, docs = srcs[order], docs[order]
+    at = bounds.tolist()
+    return {g: Chunk(g, srcs[at[j] : at[j + 1]], docs[at[j] : at[j + 1]]) for j, g in enumerate(gs)}

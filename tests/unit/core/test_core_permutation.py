@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_core.curriculum.permutation import IndexPermutation, derive_key, feistel_domain, permute_ragged
+from zephon_core.curriculum.permutation import IndexPermutation, derive_key, derive_keys, feistel_domain, permute_ragged
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 15, 16, 17, 64, 1000, 4097])
@@ -102,9 +102,15 @@ def test_permute_ragged_equals_one_permutation_per_size(sizes, data):
     domain = feistel_domain(sizes[0])
     sizes = [n for n in sizes if feistel_domain(n) == domain]
     keys = [data.draw(st.integers(0, 2**64 - 1)) for _ in sizes]
-    out = permute_ragged(sizes, keys)
-    assert [o.dtype for o in out] == [np.dtype(np.int64)] * len(sizes)
+    flat = permute_ragged(sizes, keys)
+    assert flat.dtype == np.int64 and len(flat) == sum(sizes)
+    out = np.split(flat, np.cumsum(sizes)[:-1])
     assert all(np.array_equal(o, IndexPermutation(n, k).take(np.arange(n))) for o, n, k in zip(out, sizes, keys))
+
+
+@given(st.lists(st.one_of(st.integers(), st.text(max_size=5)), max_size=3), st.lists(st.one_of(st.integers(), st.text(max_size=5)), max_size=5))
+def test_derive_keys_are_derive_key_with_the_shared_parts_first(parts, lasts):
+    assert derive_keys(parts, lasts) == [derive_key(*parts, x) for x in lasts]
 
 
 def test_permute_ragged_refuses_sizes_of_different_domains():
