@@ -49,6 +49,17 @@ class RowFeed:
         self.position = Position.of(block.ends[-1])
         return block
 
+    def take_ready(self) -> RowBlock | None:
+        """The rows packed and not yet taken (packing more if there are none), None once the lane has no more."""
+        if not self._blocks and not self._pack_more():
+            return None
+        block = self._blocks.pop(0)
+        if self._head_taken:
+            block = block.rows(self._head_taken, len(block))
+            self._head_taken = 0
+        self.position = Position.of(block.ends[-1])
+        return block
+
     def _pack_more(self) -> bool:
         """Pack until at least one more row exists; False once the data has ended and every row is out."""
         if self._data_ended:

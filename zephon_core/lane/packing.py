@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from zephon_core.batch import row_layout
 from zephon_core.lane.pieces import Piece
 from zephon_core.sources.base import gather_index
 
@@ -38,17 +39,29 @@ class Position(NamedTuple):
 
 @dataclass
 class RowBlock:
-    """Consecutive rows of one lane."""
+    """Consecutive rows of one lane: their tokens, and where each stretch of a row came from.
+
+    Positions and validity follow from the segments (``zephon_core.batch.row_layout``); a
+    block only carries what a batch needs, and a batch computes them when they are read.
+    """
 
     tokens: np.ndarray  # [n, W] int64
-    positions: np.ndarray  # [n, W] int64, restarting at 0 at each row and document boundary
-    valid: np.ndarray  # [n, W] bool, False on padding
     segments: np.ndarray  # [s, 5] int64 (row, source, document, start, stop), ordered by row
     ends: np.ndarray  # [n, 3] int64, the packer position after each row
     _first: np.ndarray | None = field(default=None, repr=False, compare=False)  # see segment_starts
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def positions(self) -> np.ndarray:
+        """``[n, W]`` int64, restarting at 0 at each row and document boundary, 0 on padding."""
+        return row_layout(self.segments, len(self), self.tokens.shape[1])[0]
+
+    @property
+    def valid(self) -> np.ndarray:
+        """``[n, W]`` bool, False on padding."""
+        return row_layout(self.segments, len(self), self.tokens.shape[1])[1]
 
     def segment_starts(self) -> np.ndarray:
         """``[n + 1]``: row ``r``'s segments are ``segments[s[r]:s[r + 1]]``; found once, as a block is cut into many."""
@@ -63,7 +76,7 @@ class RowBlock:
         first = self.segment_starts()
         part = self.segments[first[a] : first[b]].copy()
         part[:, 0] -= a
-        return RowBlock(self.tokens[a:b], self.positions[a:b], self.valid[a:b], part, self.ends[a:b])
+        return RowBlock(self.tokens[a:b], part, self.ends[a:b])
 
     def permuted(self, order: np.ndarray) -> RowBlock:
         """Row ``j`` of the result is row ``order[j]`` of this block."""
@@ -71,7 +84,7 @@ class RowBlock:
         counts = np.diff(first)[order]
         moved = seg[gather_index(first[:-1][order], counts)]
         moved[:, 0] = np.repeat(np.arange(len(order), dtype=np.int64), counts)
-        return RowBlock(self.tokens[order], self.positions[order], self.valid[order], moved, self.ends[order])
+        return RowBlock(self.tokens[order], moved, self.ends[order])
 
     @staticmethod
     def join(blocks: list[RowBlock]) -> RowBlock:
@@ -84,13 +97,7 @@ class RowBlock:
             seg[:, 0] += base
             shifted.append(seg)
             base += len(b)
-        return RowBlock(
-            np.concatenate([b.tokens for b in blocks]),
-            np.concatenate([b.positions for b in blocks]),
-            np.concatenate([b.valid for b in blocks]),
-            np.concatenate(shifted),
-            np.concatenate([b.ends for b in blocks]),
-        )
+        return RowBlock(np.concatenate([b.tokens for b in blocks]), np.concatenate(shifted), np.concatenate([b.ends for b in blocks]))
 
 
 def _sorted_union(doc_starts: np.ndarray, row_starts: np.ndarray) -> np.ndarray:
@@ -103,32 +110,45 @@ def _sorted_union(doc_starts: np.ndarray, row_starts: np.ndarray) -> np.ndarray:
     return a[keep]
 
 
-def _piece_stream(piece: Piece, j: int, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Tokens of documents ``j..`` of a piece from token ``t`` of ``j``; each document's start and length in them."""
+def _piece_stream(piece: Piece, j: int, t: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """Where documents ``j..`` of a piece start in ``piece.tokens`` from token ``t`` of ``j``; each one's start and length from there."""
     base = int(piece.offsets[j]) + t
-    stream = piece.tokens[base:]
     starts = piece.offsets[j:-1] - base  # the first document starts at -t: t tokens of it were read before
     lengths = piece.offsets[j + 1 :] - piece.offsets[j:-1]
-    return stream, starts, lengths
+    return base, starts, lengths
 
 
 class ConcatPacker:
-    """Rows are consecutive ``width``-token windows of the lane's token stream."""
+    """Rows are consecutive ``width``-token windows of the lane's token stream.
+
+    A row block's tokens are a view of the piece they were cut from: the open row
+    carried over from the last piece is written into the new piece's headroom
+    (``Piece.headroom``), right before its first document, so no token is copied
+    after it was read.
+    """
 
     def __init__(self, width: int, pad_id: int) -> None:
         self.width = width
         self.pad_id = pad_id
         self._carry_tokens = np.zeros(0, dtype=np.int64)  # the open row
-        self._carry_positions = np.zeros(0, dtype=np.int64)
         self._carry_segments = np.zeros((0, 4), dtype=np.int64)  # source, document, start, stop
 
+    @property
+    def headroom(self) -> int:
+        """Tokens of headroom a piece needs in front so that rows are cut from it without a copy."""
+        return self.width - 1
+
     def feed(self, piece: Piece, j: int, t: int) -> RowBlock | None:
-        """Pack documents ``j..`` of ``piece`` (from token ``t`` of ``j``): the rows they complete, if any."""
+        """Pack documents ``j..`` of ``piece`` (from token ``t`` of ``j``): the rows they complete, if any.
+
+        The piece is consumed: its headroom may be overwritten, and the rows are views of it.
+        """
         W = self.width
-        stream, starts, lengths = _piece_stream(piece, j, t)
-        S = len(stream)
-        if S == 0:
+        base, starts, lengths = _piece_stream(piece, j, t)
+        S = len(piece.tokens) - base
+        if S <= 0:
             return None
+        stream = piece.tokens[base:]
         c = len(self._carry_tokens)
         n_rows = (c + S) // W
         used = n_rows * W - c  # stream tokens in complete rows; the rest opens the next row
@@ -143,24 +163,21 @@ class ConcatPacker:
         seg_start = bounds - starts[doc]
         which = j + doc
         segs = np.stack([piece.sources[which], piece.documents[which], seg_start, seg_start + seg_len], axis=1).astype(np.int64, copy=False)
-
-        # Positions after the open row's: steps of 1, back to 0 at each segment start, summed in place.
-        buf = np.empty(c + S, dtype=np.int64)
-        buf[:c] = self._carry_positions
-        positions = buf[c:]
-        positions.fill(1)
-        positions[0] = 0
-        positions[bounds[1:]] = 1 - seg_len[:-1]
-        np.cumsum(positions, out=positions)
         if not n_rows:
-            self._append_carry(stream, positions, segs)
+            self._carry_tokens = np.concatenate([self._carry_tokens, stream])
+            self._carry_segments = np.concatenate([self._carry_segments, segs])
             return None
 
         in_rows = bounds < used
         carried = np.column_stack([np.zeros(len(self._carry_segments), dtype=np.int64), self._carry_segments])
         fresh = np.column_stack([(bounds[in_rows] + c) // W, segs[in_rows]])
-        tokens = np.concatenate([self._carry_tokens, stream[:used]]).reshape(n_rows, W)
-        pos = buf[: c + used].reshape(n_rows, W)
+        if c == 0:
+            tokens = stream[:used]
+        elif j == 0 and t == 0 and c <= piece.headroom:
+            piece.tokens[base - c : base] = self._carry_tokens
+            tokens = piece.tokens[base - c : base + used]
+        else:
+            tokens = np.concatenate([self._carry_tokens, stream[:used]])
 
         # The packer position after each row: right after its last token.
         last = np.arange(1, n_rows + 1, dtype=np.int64) * W - c - 1
@@ -173,40 +190,31 @@ class ConcatPacker:
         ends[:, 2] = np.where(done, 0, taken)
 
         self._carry_tokens = stream[used:]
-        self._carry_positions = buf[c + used :]
         self._carry_segments = segs[~in_rows]
-        return RowBlock(tokens, pos, np.ones((n_rows, W), dtype=bool), np.concatenate([carried, fresh]), ends)
-
-    def _append_carry(self, stream: np.ndarray, positions: np.ndarray, segs: np.ndarray) -> None:
-        self._carry_tokens = np.concatenate([self._carry_tokens, stream])
-        self._carry_positions = np.concatenate([self._carry_positions, positions])
-        self._carry_segments = np.concatenate([self._carry_segments, segs])
+        return RowBlock(tokens.reshape(n_rows, W), np.concatenate([carried, fresh]), ends)
 
     def flush(self, end: Position) -> RowBlock | None:
         """The open row padded to ``width``, at the end of the data (None if it is empty)."""
-        block = _padded_row(self._carry_tokens, self._carry_positions, self._carry_segments, self.width, self.pad_id, end)
+        block = _padded_row(self._carry_tokens, self._carry_segments, self.width, self.pad_id, end)
         self._carry_tokens = self._carry_tokens[:0]
-        self._carry_positions = self._carry_positions[:0]
         self._carry_segments = self._carry_segments[:0]
         return block
 
 
-def _padded_row(tokens: np.ndarray, positions: np.ndarray, segments: np.ndarray, width: int, pad_id: int, end: Position) -> RowBlock | None:
+def _padded_row(tokens: np.ndarray, segments: np.ndarray, width: int, pad_id: int, end: Position) -> RowBlock | None:
     c = len(tokens)
     if c == 0:
         return None
     row = np.full((1, width), pad_id, dtype=np.int64)
     row[0, :c] = tokens
-    pos = np.zeros((1, width), dtype=np.int64)
-    pos[0, :c] = positions
-    valid = np.zeros((1, width), dtype=bool)
-    valid[0, :c] = True
     segs = np.column_stack([np.zeros(len(segments), dtype=np.int64), segments])
-    return RowBlock(row, pos, valid, segs, np.asarray([end], dtype=np.int64))
+    return RowBlock(row, segs, np.asarray([end], dtype=np.int64))
 
 
 class PadPacker:
     """Rows of whole documents, padded; a document longer than a row is split across rows."""
+
+    headroom = 0  # rows are built token by token: a piece needs no room in front
 
     def __init__(self, width: int, pad_id: int) -> None:
         self.width = width
@@ -223,7 +231,8 @@ class PadPacker:
     def feed(self, piece: Piece, j: int, t: int) -> RowBlock | None:
         """Pack documents ``j..`` of ``piece`` (from token ``t`` of ``j``): the rows they complete, if any."""
         W = self.width
-        stream, starts, lengths = _piece_stream(piece, j, t)
+        base, starts, lengths = _piece_stream(piece, j, t)
+        stream = piece.tokens[base:]
         for d, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
             k, i = int(piece.chunk[j + d]), int(piece.index[j + d])
             src, docno = int(piece.sources[j + d]), int(piece.documents[j + d])
@@ -254,18 +263,14 @@ class PadPacker:
             return None
         n, W = len(self._closed), self.width
         tokens = np.full((n, W), self.pad_id, dtype=np.int64)
-        positions = np.zeros((n, W), dtype=np.int64)
-        valid = np.zeros((n, W), dtype=bool)
         segments: list[tuple[int, ...]] = []
         for r, (parts, segs, _) in enumerate(self._closed):
             at = 0
             for part in parts:
                 tokens[r, at : at + len(part)] = part
-                positions[r, at : at + len(part)] = np.arange(len(part))
                 at += len(part)
-            valid[r, :at] = True
             segments.extend((r, *s) for s in segs)
         ends = np.asarray([end for _, _, end in self._closed], dtype=np.int64)
         self._closed = []
         seg = np.asarray(segments, dtype=np.int64).reshape(-1, 5)
-        return RowBlock(tokens, positions, valid, seg, ends)
+        return RowBlock(tokens, seg, ends)

@@ -35,15 +35,18 @@ class Piece:
 
     ``chunk[j]`` and ``index[j]`` place document ``j`` in the lane (lane chunk
     number, document number within that chunk); ``sources[j]`` and
-    ``documents[j]`` name it in the work source.
+    ``documents[j]`` name it in the work source. The first ``headroom`` tokens
+    are free room in front of the first document, where a packer may put the
+    row it carries over from the last piece.
     """
 
     chunk: np.ndarray
     index: np.ndarray
     sources: np.ndarray
     documents: np.ndarray
-    tokens: np.ndarray  # int64, the documents end to end
-    offsets: np.ndarray  # int64, one more entry than documents, from 0
+    tokens: np.ndarray  # int64: the headroom, then the documents end to end
+    offsets: np.ndarray  # int64, one more entry than documents, from ``headroom``
+    headroom: int = 0
 
 
 def slice_bounds(chunk_len: int, first_doc: int, i: int) -> tuple[int, int]:
@@ -52,7 +55,7 @@ def slice_bounds(chunk_len: int, first_doc: int, i: int) -> tuple[int, int]:
     return lo, min(chunk_len, lo + SLICE_DOCS)
 
 
-def _flat_from_sources(work_source: WorkSource, srcs: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _flat_from_sources(work_source: WorkSource, srcs: np.ndarray, docs: np.ndarray, headroom: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The documents straight from pretokenized sources, or None if a source has no ``read_flat``."""
     kinds = np.unique(srcs)
     found = [getattr(work_source.sources[int(s)], "read_flat", None) for s in kinds]
@@ -60,13 +63,20 @@ def _flat_from_sources(work_source: WorkSource, srcs: np.ndarray, docs: np.ndarr
     if len(readers) < len(found):
         return None
     by_source = dict(zip(kinds.tolist(), readers))
-    tokens, lengths = read_flat_grouped(srcs, lambda s, where: by_source[s](docs[where]))
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    tokens, lengths = read_flat_grouped(srcs, lambda s, where, room: by_source[s](docs[where], room), headroom)
+    return tokens, _offsets(lengths, headroom)
+
+
+def _offsets(lengths: np.ndarray, headroom: int) -> np.ndarray:
+    offsets = np.empty(len(lengths) + 1, dtype=np.int64)
+    offsets[0] = headroom
     np.cumsum(lengths, out=offsets[1:])
-    return tokens, offsets
+    offsets[1:] += headroom
+    return offsets
 
 
-def _flat_from_docs(work_source: WorkSource, srcs: np.ndarray, docnos: np.ndarray, runner: DocOpRunner) -> tuple[np.ndarray, np.ndarray]:
+def _flat_from_docs(work_source: WorkSource, srcs: np.ndarray, docnos: np.ndarray, runner: DocOpRunner,
+                    headroom: int) -> tuple[np.ndarray, np.ndarray]:
     docs: list[Any] = [None] * len(srcs)
     for s in np.unique(srcs):
         where = np.flatnonzero(srcs == s)
@@ -88,19 +98,20 @@ def _flat_from_docs(work_source: WorkSource, srcs: np.ndarray, docnos: np.ndarra
             )
         lengths[j] = len(d)
         arrays.append(d)
-    tokens = np.concatenate(arrays).astype(np.int64, copy=False) if arrays else np.zeros(0, dtype=np.int64)
-    offsets = np.zeros(len(docs) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return tokens, offsets
+    tokens = np.empty(headroom + int(lengths.sum()), dtype=np.int64)
+    if arrays:
+        np.concatenate(arrays, out=tokens[headroom:], casting="unsafe")
+    return tokens, _offsets(lengths, headroom)
 
 
-def load_piece(work_source: WorkSource, runner: DocOpRunner, parts: list[tuple[int, Chunk, int, int]]) -> Piece:
-    """Read documents ``lo..hi-1`` of each ``(lane chunk, chunk, lo, hi)`` and run the per-document operators on them."""
+def load_piece(work_source: WorkSource, runner: DocOpRunner, parts: list[tuple[int, Chunk, int, int]], headroom: int = 0) -> Piece:
+    """Read documents ``lo..hi-1`` of each ``(lane chunk, chunk, lo, hi)`` and run the per-document operators on them,
+    with ``headroom`` free tokens in front (see ``Piece``)."""
     chunk = np.concatenate([np.full(hi - lo, k, dtype=np.int64) for k, _, lo, hi in parts])
     index = np.concatenate([np.arange(lo, hi, dtype=np.int64) for _, _, lo, hi in parts])
     srcs = np.concatenate([c.sources[lo:hi] for _, c, lo, hi in parts])
     docs = np.concatenate([c.documents[lo:hi] for _, c, lo, hi in parts])
-    flat = _flat_from_sources(work_source, srcs, docs) if not runner.ops else None
+    flat = _flat_from_sources(work_source, srcs, docs, headroom) if not runner.ops else None
     if flat is None:
-        flat = _flat_from_docs(work_source, srcs, docs, runner)
-    return Piece(chunk, index, srcs, docs, *flat)
+        flat = _flat_from_docs(work_source, srcs, docs, runner, headroom)
+    return Piece(chunk, index, srcs, docs, *flat, headroom=headroom)

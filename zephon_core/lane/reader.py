@@ -36,15 +36,21 @@ class PieceReader:
     The first chunk after a (re)start is read alone, and with per-document
     operators in slices (``pieces.SLICE_DOCS``), so the first batch waits only
     for the documents it needs; later pieces are read ``readahead`` ahead on
-    ``pool``.
+    ``pool``, unless they come straight from pretokenized sources (``read_flat``).
+    Each piece has ``headroom`` free tokens in front (the packer's).
     """
 
-    def __init__(self, chunks: LaneChunks, runner: DocOpRunner, start: Position, pool: Executor | None, readahead: int) -> None:
+    def __init__(self, chunks: LaneChunks, runner: DocOpRunner, start: Position, pool: Executor | None, readahead: int,
+                 headroom: int = 0) -> None:
         self.chunks = chunks
+        self._headroom = headroom
         self._runner = runner
         self._first = start  # its chunk is read in slices, from its document on
         self._flat = all(callable(getattr(s, "read_flat", None)) for s in chunks.work_source.sources)
-        self._pool = pool
+        # Flat reads from memory-mapped token arrays are copies that hold the GIL: on a thread
+        # they would only add two hand-overs a piece (about a fifth of a batch's time, measured
+        # in docs/performance.md), so they run in the caller's thread.
+        self._pool = None if self._flat and not runner.ops else pool
         self._readahead = max(0, readahead)
         self._futures: dict[PieceKey, Future[Piece]] = {}
 
@@ -110,4 +116,4 @@ class PieceReader:
             desc = self.chunks[key.chunk + e]
             assert desc is not None
             parts.append((key.chunk + e, desc, key.lo if e == 0 else 0, key.hi if e == 0 else len(desc)))
-        return load_piece(self.chunks.work_source, self._runner, parts)
+        return load_piece(self.chunks.work_source, self._runner, parts, self._headroom)

@@ -11,9 +11,12 @@ Each stage is its own object (``LaneChunks``, ``PieceReader``, ``RowFeed``,
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import replace
+
+import numpy as np
 
 from zephon_core.batch import Batch, Cursor
 from zephon_core.curriculum.work_source import WorkSource
@@ -37,7 +40,8 @@ def window_end(lane: int, canonical_replicas: int, work_source: WorkSource, doc_
     """The packer position after the shuffle window that starts at ``start``: what refilling it (a restore) reads."""
     runner = DocOpRunner([replace(op, parallelism=1, runner="thread") for op in doc_ops])
     try:
-        feed = RowFeed(lane, PieceReader(LaneChunks(work_source, lane, canonical_replicas), runner, start, None, 0), make_packer(pack), start)
+        packer = make_packer(pack)
+        feed = RowFeed(lane, PieceReader(LaneChunks(work_source, lane, canonical_replicas), runner, start, None, 0, packer.headroom), packer, start)
         feed.take(window)
         return feed.position
     finally:
@@ -64,41 +68,56 @@ class LaneStream:
         self.lane = lane
         self._batch = batch
         start = Position(cursor.chunk, cursor.document, cursor.token)
-        pieces = PieceReader(LaneChunks(work_source, lane, canonical_replicas), runner, start, reader, readahead)
-        feed = RowFeed(lane, pieces, make_packer(pack), start)
+        packer = make_packer(pack)
+        pieces = PieceReader(LaneChunks(work_source, lane, canonical_replicas), runner, start, reader, readahead, packer.headroom)
+        feed = RowFeed(lane, pieces, packer, start)
         self._rows = InOrder(feed, cursor) if shuffle is None else ShuffleWindow(feed, shuffle, cursor)
         self._produced = delivered
+        self._ready: deque[Batch] = deque()  # cut, not yet handed out
+        self._partial: tuple[RowBlock, Cursor] | None = None  # rows short of a batch, and the cursor after them
         self._ended = False
 
     def next_batch(self) -> Batch | None:
         """The lane's next batch, or None when the lane has ended."""
-        if self._ended:
-            return None
+        while not self._ready:
+            if self._ended:
+                return None
+            self._cut_more()
+        return self._ready.popleft()
+
+    def _cut_more(self) -> None:
+        """Cut every whole batch out of the next run of rows, starting with the rows held over from the last."""
         B = self._batch.batch_size
-        parts: list[RowBlock] = []
-        have = 0
-        cursor = None
-        while have < B:
-            got = self._rows.take(B - have)
-            if got is None:
-                break
-            part, cursor = got
-            parts.append(part)
-            have += len(part)
-        if not have or (have < B and self._batch.drop_last):
+        run = self._rows.take_run()
+        if run is None:
             self._ended = True
-            return None
-        assert cursor is not None
-        rows = RowBlock.join(parts)
-        batch = Batch(
-            input_ids=rows.tokens[:, :-1],
-            labels=rows.tokens[:, 1:],
-            positions=rows.positions[:, :-1],
-            loss_mask=rows.valid[:, 1:],
-            lane=self.lane,
-            lane_index=self._produced,
-            cursor=cursor,
-            segments=rows.segments,
-        )
+            if self._partial is not None and not self._batch.drop_last:
+                rows, cursor = self._partial
+                self._emit(rows.tokens, cursor, rows.segments)
+            self._partial = None
+            return
+        rows, at = run.rows, 0  # at: rows of the run already in a batch
+        if self._partial is not None:
+            held = self._partial[0]
+            at = B - len(held)
+            if len(rows) < at:
+                self._partial = (RowBlock.join([held, rows]), run.cursor_after(len(rows) - 1))
+                return
+            first = RowBlock.join([held, rows.rows(0, at)])
+            self._emit(first.tokens, run.cursor_after(at - 1), first.segments)
+            self._partial = None
+            rows = rows.rows(at, len(rows))
+        n = len(rows) // B
+        if n:
+            # One pass renumbers the segments of every batch; each batch is then a slice of them.
+            segments = rows.segments.copy()
+            segments[:, 0] %= B
+            cuts = rows.segment_starts()[: n * B + 1 : B].tolist()
+            for i in range(n):
+                self._emit(rows.tokens[i * B : (i + 1) * B], run.cursor_after(at + (i + 1) * B - 1), segments[cuts[i] : cuts[i + 1]])
+        if n * B < len(rows):
+            self._partial = (rows.rows(n * B, len(rows)), run.cursor_after(at + len(rows) - 1))
+
+    def _emit(self, rows: np.ndarray, cursor: Cursor, segments: np.ndarray) -> None:
+        self._ready.append(Batch(rows[:, :-1], rows[:, 1:], lane=self.lane, lane_index=self._produced, cursor=cursor, segments=segments))
         self._produced += 1
-        return batch

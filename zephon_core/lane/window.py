@@ -1,10 +1,13 @@
 """Handing a lane's rows to its batches: in order, or permuted within windows.
 
-Both stages return rows together with the lane's ``Cursor`` after them, so the
-batch that carries the rows also carries where to resume.
+Both stages hand out runs of rows together with the lane's ``Cursor`` after
+each of them, so the batch that ends at a row carries where to resume.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -16,6 +19,13 @@ from zephon_core.lane.ops import ShuffleOp
 from zephon_core.lane.packing import RowBlock
 
 
+class RowRun(NamedTuple):
+    """Consecutive rows of a lane; ``cursor_after(i)`` is the lane's cursor right after row ``i`` of them."""
+
+    rows: RowBlock
+    cursor_after: Callable[[int], Cursor]
+
+
 class InOrder:
     """The feed's rows as they come; the cursor is the feed's position."""
 
@@ -24,11 +34,18 @@ class InOrder:
             raise StateError(f"lane {feed.lane}: cursor {tuple(cursor)} is inside a shuffle window, but this pipeline has no shuffle")
         self._feed = feed
 
-    def take(self, n: int) -> tuple[RowBlock, Cursor] | None:
-        rows = self._feed.take(n)
+    def take_run(self) -> RowRun | None:
+        """The rows packed so far (at least one; None once the lane has no more)."""
+        rows = self._feed.take_ready()
         if rows is None:
             return None
-        return rows, Cursor(*self._feed.position, 0)
+        ends = rows.ends
+
+        def cursor_after(i: int) -> Cursor:
+            chunk, document, token = ends[i].tolist()
+            return Cursor(chunk, document, token, 0)
+
+        return RowRun(rows, cursor_after)
 
 
 class ShuffleWindow:
@@ -63,14 +80,19 @@ class ShuffleWindow:
         self._end = self._feed.position
         self._next = 0
 
-    def take(self, n: int) -> tuple[RowBlock, Cursor] | None:
-        """Up to ``n`` rows of the current window (refilled when used up) and the cursor after them."""
+    def take_run(self) -> RowRun | None:
+        """The rest of the current window (refilled when used up); None once the lane has no more."""
         if self._rows is None or self._next >= len(self._rows):
             self._fill()
             if self._rows is None:
                 return None
-        size = len(self._rows)
-        a, b = self._next, min(size, self._next + n)
-        self._next = b
-        cursor = Cursor(*self._base, b) if b < size else Cursor(*self._end, 0)
-        return self._rows.rows(a, b), cursor
+        size, a = len(self._rows), self._next
+        self._next = size
+        base, end = self._base, self._end
+
+        def cursor_after(i: int) -> Cursor:
+            if a + i + 1 < size:
+                return Cursor(base.chunk, base.document, base.token, a + i + 1)
+            return Cursor(end.chunk, end.document, end.token, 0)
+
+        return RowRun(self._rows.rows(a, size), cursor_after)

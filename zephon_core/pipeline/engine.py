@@ -67,7 +67,7 @@ class Engine:
             )
             for lane, st in start.items()
         }
-        self._delivered = dict(start)
+        self._delivered = {lane: (st.cursor, st.delivered) for lane, st in start.items()}  # LaneState fields, built when asked
         self._stop = threading.Event()
         self._queue: queue.SimpleQueue[Any] | None = None
         self._gen = self._produce()
@@ -84,7 +84,15 @@ class Engine:
             self._thread.start()
 
     def _produce(self) -> Iterator[Batch]:
-        produced = {lane: st.delivered for lane, st in self._delivered.items()}
+        if len(self.lanes) == 1:  # the common case of C == G: no turns to take
+            stream = self._streams[self.lanes[0]]
+            while not self._stop.is_set():
+                b = stream.next_batch()
+                if b is None:
+                    return
+                yield b
+            return
+        produced = {lane: delivered for lane, (_, delivered) in self._delivered.items()}
         live = set(self.lanes)
         while not self._stop.is_set():
             lane = next_lane(self.lanes, produced, live)
@@ -141,11 +149,11 @@ class Engine:
                 self._queue.put(item)
                 raise item
             b = item
-        self._delivered[b.lane] = LaneState(b.cursor, b.lane_index + 1)
+        self._delivered[b.lane] = (b.cursor, b.lane_index + 1)
         return b
 
     def lane_states(self) -> dict[int, LaneState]:
-        return dict(self._delivered)
+        return {lane: LaneState(cursor, delivered) for lane, (cursor, delivered) in self._delivered.items()}
 
     def close(self) -> None:
         self._stop.set()

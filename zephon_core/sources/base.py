@@ -25,10 +25,11 @@ class Source(ABC):
     integer token array, depending on the format. Implementations must be
     safe to ``read`` from several threads at once.
 
-    A pretokenized source may also define ``read_flat(indices)`` returning
-    the documents end to end as one int64 array and their lengths; pipelines
-    without per-document operators then pack from it without building one
-    array per document.
+    A pretokenized source may also define ``read_flat(indices, headroom=0)``
+    returning the documents end to end as one int64 array, after ``headroom``
+    unused slots, and their lengths; pipelines without per-document operators
+    then pack from it without building one array per document, and cut rows
+    out of it without copying them again.
     """
 
     #: Short, human-readable name; defaults to the file's base name.
@@ -125,25 +126,28 @@ def default_name(path: str) -> str:
     return os.path.basename(path.rstrip("/")) or path
 
 
-def read_flat_grouped(groups: np.ndarray, read: Callable[[int, np.ndarray | slice], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Documents read group by group, put back in their given order: ``read(g, where)`` returns the
-    flat tokens and the lengths of the documents at positions ``where`` (those of group ``g``; a
-    whole slice when there is one group, so the common case indexes nothing).
+def read_flat_grouped(groups: np.ndarray, read: Callable[[int, np.ndarray | slice, int], tuple[np.ndarray, np.ndarray]],
+                      headroom: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Documents read group by group, put back in their given order: ``read(g, where, room)`` returns
+    the flat tokens, after ``room`` unused slots, and the lengths of the documents at positions
+    ``where`` (those of group ``g``; a whole slice when there is one group, so the common case
+    indexes nothing).
 
-    Returns the flat tokens (int64) and the lengths of every document, in the order of ``groups``.
+    Returns the flat tokens (int64, after ``headroom`` unused slots) and the lengths of every
+    document, in the order of ``groups``.
     """
     kinds = np.unique(groups)
     if len(kinds) == 1:
-        return read(int(kinds[0]), slice(None))
+        return read(int(kinds[0]), slice(None), headroom)
     lengths = np.zeros(len(groups), dtype=np.int64)
     parts = []
     for g in kinds:
         where = np.flatnonzero(groups == g)
-        part, part_len = read(int(g), where)
+        part, part_len = read(int(g), where, 0)
         lengths[where] = part_len
         parts.append((where, part, part_len))
-    tokens = np.empty(int(lengths.sum()), dtype=np.int64)
-    starts = np.cumsum(lengths) - lengths
+    tokens = np.empty(headroom + int(lengths.sum()), dtype=np.int64)
+    starts = headroom + np.cumsum(lengths) - lengths
     for where, part, part_len in parts:
         tokens[gather_index(starts[where], part_len)] = part
     return tokens, lengths

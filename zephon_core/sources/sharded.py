@@ -172,6 +172,6 @@ class ShardedSource(Source):
 class FlatShardedSource(ShardedSource):
     """A many-file pretokenized source: ``read_flat`` gathers from each file's ``read_flat``."""
 
-    def read_flat(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def read_flat(self, indices: np.ndarray, headroom: int = 0) -> tuple[np.ndarray, np.ndarray]:
         files, local = self.locate(np.asarray(indices, dtype=np.int64))
-        return read_flat_grouped(files, lambda f, where: self.file(f).read_flat(local[where]))  # type: ignore[attr-defined]
+        return read_flat_grouped(files, lambda f, where, room: self.file(f).read_flat(local[where], room), headroom)  # type: ignore[attr-defined]

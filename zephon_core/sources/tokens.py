@@ -41,20 +41,27 @@ def _check_offsets(offsets: np.ndarray, n_tokens: int, where: str) -> None:
 
 
 def _plain(a: np.ndarray) -> np.ndarray:
-    """The same memory as a base ``ndarray``: fancy indexing a ``np.memmap`` subclass is several times slower."""
-    return np.frombuffer(a, a.dtype) if isinstance(a, np.memmap) and a.flags.c_contiguous else np.asarray(a)
+    """The same memory as a base C-contiguous ``ndarray`` (a strided array is copied once): fancy indexing a
+    ``np.memmap`` subclass is several times slower, and ``_concat`` slices the raw buffer."""
+    return np.frombuffer(a, a.dtype) if isinstance(a, np.memmap) and a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
-def _concat(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``flat[starts[j]:starts[j] + lengths[j]]`` for every ``j``, end to end, as int64.
+def _concat(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, headroom: int = 0) -> np.ndarray:
+    """``flat[starts[j]:starts[j] + lengths[j]]`` for every ``j``, end to end, as int64, after ``headroom`` unused slots.
 
-    One slice per document beats a fancy-index gather here: documents are
-    hundreds of tokens long, and the gather would need three passes to build
-    its index.
+    ``flat`` is C-contiguous. Documents are hundreds of tokens long, so the cost is
+    per document, not per token: each is cut as a slice of the raw buffer (a
+    memoryview slice costs less than half an ndarray view), the slices are joined
+    once and widened to int64 in one pass. A fancy-index gather would need three
+    passes to build its index.
     """
-    if not len(starts):
-        return np.zeros(0, dtype=np.int64)
-    return np.concatenate([flat[a : a + n] for a, n in zip(starts.tolist(), lengths.tolist())], dtype=np.int64)
+    out = np.empty(headroom + int(lengths.sum()), dtype=np.int64)
+    if len(starts):
+        size = flat.itemsize
+        raw = memoryview(flat).cast("B")
+        lo, hi = (starts * size).tolist(), ((starts + lengths) * size).tolist()
+        out[headroom:] = np.frombuffer(b"".join([raw[a:b] for a, b in zip(lo, hi)]), flat.dtype)
+    return out
 
 
 def _split(tokens: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
@@ -102,12 +109,12 @@ class TokenArraySource(Source):
     def token_lengths(self) -> np.ndarray:
         return np.diff(self._offsets)
 
-    def read_flat(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The documents at ``indices`` end to end (int64) and their lengths, without one array per document."""
+    def read_flat(self, indices: np.ndarray, headroom: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The documents at ``indices`` end to end (int64, after ``headroom`` unused slots) and their lengths."""
         indices = np.asarray(indices, dtype=np.int64)
         starts = self._offsets[indices]
         lengths = self._offsets[indices + 1] - starts
-        return _concat(self._flat, starts, lengths), lengths
+        return _concat(self._flat, starts, lengths, headroom), lengths
 
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
@@ -199,8 +206,8 @@ class MegatronIndexedFile(Source):
     def __len__(self) -> int:
         return len(self._doc_index) - 1
 
-    def read_flat(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The documents at ``indices`` end to end (int64) and their lengths, without one array per document."""
+    def read_flat(self, indices: np.ndarray, headroom: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The documents at ``indices`` end to end (int64, after ``headroom`` unused slots) and their lengths."""
         indices = np.asarray(indices, dtype=np.int64)
         first = self._doc_index[indices]
         counts = self._doc_index[indices + 1] - first
@@ -212,7 +219,7 @@ class MegatronIndexedFile(Source):
         first_seq = np.cumsum(counts) - counts
         lengths = cum[first_seq + counts] - cum[first_seq]
         starts = self._pointers[seqs] // self._dtype.itemsize
-        return _concat(self._flat, starts, seq_lengths), lengths
+        return _concat(self._flat, starts, seq_lengths, headroom), lengths
 
     def read(self, indices: Sequence[int]) -> list[Any]:
         return _split(*self.read_flat(np.asarray(indices, dtype=np.int64)))

@@ -5,7 +5,7 @@ take tokens from the document under the packer until the row is full (pad:
 until the next document does not fit), then report the packer position. The
 real packers receive the same documents cut into arbitrary pieces and must
 produce identical rows, positions, masks, provenance and positions after
-every row.
+every row, whether or not the pieces leave room in front for the open row.
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ def reference(chunks: list[list[list[int]]], width: int, mode: str, start: tuple
         rows.append((tokens + [PAD] * (width - filled), positions + [0] * (width - filled), [True] * filled + [False] * (width - filled), segments, pos))
 
 
-def pieces_of(chunks: list[list[list[int]]], start: tuple[int, int], cuts: list[int]) -> list[Piece]:
-    """The documents from ``start`` on, cut into pieces after the given document counts."""
+def pieces_of(chunks: list[list[list[int]]], start: tuple[int, int], cuts: list[int], headroom: int = 0) -> list[Piece]:
+    """The documents from ``start`` on, cut into pieces after the given document counts, with ``headroom``
+    slots (filled with junk a packer must never deliver) in front of each."""
     docs = [(k, i, d) for k, chunk in enumerate(chunks) for i, d in enumerate(chunk) if (k, i) >= start]
     out, at = [], 0
     for size in cuts + [len(docs)]:
@@ -79,18 +80,19 @@ def pieces_of(chunks: list[list[list[int]]], start: tuple[int, int], cuts: list[
                 index=np.array([i for _, i, _ in part], dtype=np.int64),
                 sources=np.array([k for k, _, _ in part], dtype=np.int64),  # source := chunk, document := index, to compare
                 documents=np.array([i for _, i, _ in part], dtype=np.int64),
-                tokens=np.array([x for _, _, d in part for x in d], dtype=np.int64),
-                offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                tokens=np.array([-7] * headroom + [x for _, _, d in part for x in d], dtype=np.int64),
+                offsets=headroom + np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                headroom=headroom,
             )
         )
     return out
 
 
-def run_packer(chunks, width, mode, start, cuts) -> list[tuple]:
+def run_packer(chunks, width, mode, start, cuts, headroom=0) -> list[tuple]:
     packer = ConcatPacker(width, PAD) if mode == "concat" else PadPacker(width, PAD)
     blocks: list[RowBlock] = []
     t = start[2]
-    for n, piece in enumerate(pieces_of(chunks, start[:2], cuts)):
+    for n, piece in enumerate(pieces_of(chunks, start[:2], cuts, headroom)):
         block = packer.feed(piece, 0, t if n == 0 else 0)
         if block is not None:
             blocks.append(block)
@@ -125,8 +127,9 @@ def test_packers_match_the_reference(shape, width, mode, data):
     else:
         k, i, t = 0, 0, 0
     cuts = data.draw(st.lists(st.integers(1, 5), max_size=8))
+    headroom = data.draw(st.sampled_from([0, width - 1, width + 3]))
     want = reference(chunks, width, mode, (k, i, t))
-    got = run_packer(chunks, width, mode, (k, i, t), cuts)
+    got = run_packer(chunks, width, mode, (k, i, t), cuts, headroom)
     assert got == want
 
 

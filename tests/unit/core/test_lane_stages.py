@@ -19,20 +19,21 @@ from zephon_core.errors import DataError
 from zephon_core.lane.chunks import DESCRIPTOR_BATCH, LaneChunks
 from zephon_core.lane.docops import DROPPED, DocOpRunner, run_op_on_slice
 from zephon_core.lane.feed import RowFeed
-from zephon_core.lane.ops import FilterOp, MapOp, ShuffleOp, TokenizeOp
-from zephon_core.lane.packing import ConcatPacker, Position
+from zephon_core.lane.ops import BatchOp, FilterOp, MapOp, PackOp, ShuffleOp, TokenizeOp
+from zephon_core.lane.packing import ConcatPacker, PadPacker, Position
 from zephon_core.lane.pieces import SLICE_DOCS
 from zephon_core.lane.reader import PIECE_DOCS, PieceKey, PieceReader
+from zephon_core.lane.stream import LaneStream
 from zephon_core.lane.window import InOrder, ShuffleWindow
 
 START = Position(0, 0, 0)
 
 
-def flat_mixture(n_docs: int = 3000, chunk_size: int = 16) -> StaticMixture:
+def flat_mixture(n_docs: int = 3000, chunk_size: int = 16, exhausted: str = "repeat") -> StaticMixture:
     """A pretokenized source with ``read_flat``: later pieces span several chunks."""
     lengths = 1 + np.arange(n_docs) % 7
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    return StaticMixture([TokenArraySource(np.arange(offsets[-1], dtype=np.int64), offsets)], seed=5, chunk_size=chunk_size)
+    return StaticMixture([TokenArraySource(np.arange(offsets[-1], dtype=np.int64), offsets)], seed=5, chunk_size=chunk_size, exhausted=exhausted)
 
 
 def rows_of(feed: RowFeed, n: int) -> list[tuple[int, ...]]:
@@ -148,10 +149,11 @@ def in_order_feed(ws: StaticMixture, start: Position = START) -> RowFeed:
 def test_in_order_rows_carry_the_feed_position_and_refuse_a_window_cursor():
     ws = mixture((60,), chunk_size=5)
     rows = InOrder(in_order_feed(ws), Cursor.start())
-    got = rows.take(4)
+    got = rows.take_run()
     assert got is not None
-    block, cursor = got
-    assert len(block) == 4 and cursor == Cursor(*Position.of(block.ends[-1]), 0)
+    block, cursor_after = got
+    assert len(block) > 4
+    assert [cursor_after(i) for i in range(len(block))] == [Cursor(*Position.of(e), 0) for e in block.ends]
     with pytest.raises(StateError, match="no shuffle"):
         InOrder(in_order_feed(ws), Cursor(0, 0, 0, 2))
 
@@ -161,13 +163,50 @@ def test_a_shuffle_window_permutes_the_rows_of_its_window_and_resumes_inside_it(
     op = ShuffleOp(window=6, seed=4)
     plain = [tuple(r) for r in in_order_feed(ws).take(6).tokens.tolist()]
     window = ShuffleWindow(in_order_feed(ws), op, Cursor.start())
-    part, cursor = window.take(4)
-    part2, cursor2 = window.take(4)  # only 2 left in the window
-    shuffled = [tuple(r) for r in np.concatenate([part.tokens, part2.tokens]).tolist()]
+    part, cursor_after = window.take_run()
+    shuffled = [tuple(r) for r in part.tokens.tolist()]
     assert sorted(shuffled) == sorted(plain) and shuffled != plain
-    assert cursor == Cursor(0, 0, 0, 4) and cursor2.delivered_in_window == 0 and len(part2) == 2
-    resumed = ShuffleWindow(in_order_feed(ws), op, cursor)
-    again, after = resumed.take(4)
-    assert [tuple(r) for r in again.tokens.tolist()] == shuffled[4:] and after == cursor2
+    assert [cursor_after(i) for i in range(5)] == [Cursor(0, 0, 0, i + 1) for i in range(5)]
+    end = cursor_after(5)
+    assert end.delivered_in_window == 0 and (end.chunk, end.document, end.token) > (0, 0, 0)
+    resumed = ShuffleWindow(in_order_feed(ws), op, cursor_after(3))
+    again, again_after = resumed.take_run()
+    assert [tuple(r) for r in again.tokens.tolist()] == shuffled[4:] and again_after(len(again) - 1) == end
+    assert window.take_run().rows.tokens.tolist() != part.tokens.tolist()  # the next window
     with pytest.raises(StateError, match="rows of a window of 6"):
         ShuffleWindow(in_order_feed(ws), op, Cursor(0, 0, 0, 7))
+
+
+# -- batches ----------------------------------------------------------------------
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@given(
+    B=st.integers(1, 7), window=st.sampled_from([None, 1, 4, 9]), drop_last=st.booleans(), width=st.integers(2, 9),
+    flat=st.booleans(), mode=st.sampled_from(["concat", "pad"]),
+)
+def test_a_lane_cuts_its_rows_into_batches_in_order_with_the_cursor_after_each(B, window, drop_last, width, flat, mode):
+    # Batches are cut many at a time out of runs of rows (a piece, a window), with the rows
+    # short of a batch held over: the result must be the rows B at a time, whatever the cuts.
+    ws = flat_mixture(150, chunk_size=16, exhausted="stop") if flat else mixture((60, 30), chunk_size=6, exhausted="stop")
+    shuffle = None if window is None else ShuffleOp(window, seed=1)
+
+    packer = ConcatPacker(width, 0) if mode == "concat" else PadPacker(width, 0)
+    feed = RowFeed(0, PieceReader(LaneChunks(ws, 0, 1), DocOpRunner([]), START, None, 0, packer.headroom), packer, START)
+    stage = InOrder(feed, Cursor.start()) if shuffle is None else ShuffleWindow(feed, shuffle, Cursor.start())
+    rows = []
+    while (run := stage.take_run()) is not None:
+        for i in range(len(run.rows)):
+            one = run.rows.rows(i, i + 1)
+            rows.append((one.tokens[0].tolist(), one.segments[:, 1:].tolist(), run.cursor_after(i)))
+    assert rows
+
+    stream = LaneStream(0, 1, ws, DocOpRunner([]), PackOp(width - 1, mode), shuffle, BatchOp(B, drop_last), Cursor.start(), 0)
+    got = []
+    while (b := stream.next_batch()) is not None:
+        got.append(b)
+    n_full = len(rows) // B
+    assert len(got) == n_full + (0 if drop_last or len(rows) % B == 0 else 1)
+    for k, b in enumerate(got):
+        want = rows[k * B : (k + 1) * B]
+        assert b.lane_index == k and b.cursor == want[-1][2]
+        assert np.concatenate([b.input_ids, b.labels[:, -1:]], axis=1).tolist() == [r[0] for r in want]
+        assert [[s[1:] for s in b.segments.tolist() if s[0] == r] for r in range(len(b))] == [r[1] for r in want]
