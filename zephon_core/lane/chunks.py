@@ -6,9 +6,11 @@ import threading
 
 from zephon_core.curriculum.work_source import Chunk, WorkSource
 
-# Chunk descriptors a lane computes at once (see StaticMixture.chunks): a few KB of indices.
-# The first call computes only 2, so that a (re)start does not wait for 32.
-DESCRIPTOR_BATCH = 32
+# Chunk descriptors a lane computes at once (see StaticMixture.chunks): ~130 KB of indices at 64
+# documents a chunk. A pass costs ~100 NumPy calls whatever its size, so the more chunks share it
+# the less each costs (about a fifth less per chunk at 128 than at 32). The first call computes
+# only 2, so that a (re)start does not wait for 128.
+DESCRIPTOR_BATCH = 128
 FIRST_DESCRIPTOR_BATCH = 2
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from zephon_core.curriculum.work_source import Chunk, WorkSource
 from zephon_core.errors import DataError
 from zephon_core.lane.docops import DROPPED, DocOpRunner
-from zephon_core.sources.base import read_flat_grouped
+from zephon_core.sources.base import distinct, read_flat_grouped
 
 # Documents per slice of a lane's first chunk: a batch needs only as many slices as it has documents.
 SLICE_DOCS = 8
@@ -57,7 +57,7 @@ def slice_bounds(chunk_len: int, first_doc: int, i: int) -> tuple[int, int]:
 
 def _flat_from_sources(work_source: WorkSource, srcs: np.ndarray, docs: np.ndarray, headroom: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The documents straight from pretokenized sources, or None if a source has no ``read_flat``."""
-    kinds = np.unique(srcs)
+    kinds = distinct(srcs)
     found = [getattr(work_source.sources[int(s)], "read_flat", None) for s in kinds]
     readers = [r for r in found if callable(r)]
     if len(readers) < len(found):
@@ -78,7 +78,7 @@ def _offsets(lengths: np.ndarray, headroom: int) -> np.ndarray:
 def _flat_from_docs(work_source: WorkSource, srcs: np.ndarray, docnos: np.ndarray, runner: DocOpRunner,
                     headroom: int) -> tuple[np.ndarray, np.ndarray]:
     docs: list[Any] = [None] * len(srcs)
-    for s in np.unique(srcs):
+    for s in distinct(srcs):
         where = np.flatnonzero(srcs == s)
         for w, d in zip(where, work_source.sources[int(s)].read(docnos[where].tolist())):
             docs[int(w)] = d

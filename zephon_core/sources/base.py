@@ -126,6 +126,13 @@ def default_name(path: str) -> str:
     return os.path.basename(path.rstrip("/")) or path
 
 
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values, ascending (``np.unique``); one comparison pass in the common case of a single value."""
+    if len(values) and (values == values[0]).all():
+        return values[:1].copy()
+    return np.unique(values)
+
+
 def read_flat_grouped(groups: np.ndarray, read: Callable[[int, np.ndarray | slice, int], tuple[np.ndarray, np.ndarray]],
                       headroom: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Documents read group by group, put back in their given order: ``read(g, where, room)`` returns
@@ -136,7 +143,7 @@ def read_flat_grouped(groups: np.ndarray, read: Callable[[int, np.ndarray | slic
     Returns the flat tokens (int64, after ``headroom`` unused slots) and the lengths of every
     document, in the order of ``groups``.
     """
-    kinds = np.unique(groups)
+    kinds = distinct(groups)
     if len(kinds) == 1:
         return read(int(kinds[0]), slice(None), headroom)
     lengths = np.zeros(len(groups), dtype=np.int64)

@@ -20,7 +20,7 @@ import numpy as np
 
 from zephon_core.errors import DataError
 from zephon_core.sources import manifest
-from zephon_core.sources.base import Source, default_name, read_flat_grouped
+from zephon_core.sources.base import Source, default_name, distinct, read_flat_grouped
 from zephon_core.sources.files import Access, FileStat, list_files
 from zephon_core.sources.manifest import ShardMeta
 
@@ -143,7 +143,7 @@ class ShardedSource(Source):
         idx = np.asarray(indices, dtype=np.int64)
         files, local = self.locate(idx)
         out: list[Any] = [None] * len(idx)
-        for f in np.unique(files):
+        for f in distinct(files):
             where = np.flatnonzero(files == f)
             for j, doc in zip(where, self.file(int(f)).read(local[where].tolist())):
                 out[int(j)] = doc

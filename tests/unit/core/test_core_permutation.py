@@ -7,7 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_core.curriculum.permutation import IndexPermutation, derive_key, derive_keys, feistel_domain, permute_ragged
+from zephon_core.curriculum.permutation import (
+    IndexPermutation,
+    _feistel,
+    _feistel_by_table,
+    _round_tables,
+    derive_key,
+    derive_keys,
+    feistel_domain,
+    permute_ragged,
+    round_keys,
+    round_keys_array,
+)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 15, 16, 17, 64, 1000, 4097])
@@ -111,6 +122,30 @@ def test_permute_ragged_equals_one_permutation_per_size(sizes, data):
 @given(st.lists(st.one_of(st.integers(), st.text(max_size=5)), max_size=3), st.lists(st.one_of(st.integers(), st.text(max_size=5)), max_size=5))
 def test_derive_keys_are_derive_key_with_the_shared_parts_first(parts, lasts):
     assert derive_keys(parts, lasts) == [derive_key(*parts, x) for x in lasts]
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 5000), key=st.integers(0, 2**64 - 1), data=st.data())
+def test_a_permutation_read_from_round_tables_is_the_computed_one(n, key, data):
+    # take() of many indices switches to tables of the round functions; a few indices on a
+    # fresh permutation are computed round by round. Both must give the same bijection.
+    whole = IndexPermutation(n, key).take(np.arange(n))
+    assert sorted(whole.tolist()) == list(range(n))
+    some = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3))
+    assert IndexPermutation(n, key).take(some).tolist() == whole[some].tolist()
+    p = IndexPermutation(n, key)
+    x = np.arange((int(p._mask) + 1) ** 2, dtype=np.uint64)  # the whole Feistel domain
+    with np.errstate(over="ignore"):
+        by_rounds = _feistel(x, p._half_bits, p._mask, p._round_keys)
+        by_table = _feistel_by_table(x, p._half_bits, p._mask, _round_tables(p._half_bits, p._mask, p._round_keys))
+    assert np.array_equal(by_rounds, by_table)
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=6))
+def test_round_keys_array_holds_each_keys_round_keys(keys):
+    got = round_keys_array(keys)
+    assert got.dtype == np.uint64 and got.shape == (len(keys), len(round_keys(0)))
+    assert got.tolist() == [round_keys(k) for k in keys]
 
 
 def test_permute_ragged_refuses_sizes_of_different_domains():
