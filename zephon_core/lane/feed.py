@@ -80,9 +80,13 @@ class RowFeed:
                 return True
             piece = self._reader.read(key)
             j = i - key.lo
-            nonempty = np.flatnonzero(np.diff(piece.offsets[j:]) > 0)
-            if len(nonempty) and (nonempty[-1] > 0 or piece.offsets[j + 1] - piece.offsets[j] > t):
-                self._token_chunk = int(piece.chunk[j + nonempty[-1]])
+            offsets = piece.offsets
+            if len(offsets) > 1 and offsets[-1] > offsets[-2] and (len(offsets) - 2 > j or offsets[-1] - offsets[-2] > t):
+                self._token_chunk = int(piece.chunk[-1])  # the common case: the last document has tokens to read
+            else:
+                nonempty = np.flatnonzero(np.diff(offsets[j:]) > 0)
+                if len(nonempty) and (nonempty[-1] > 0 or offsets[j + 1] - offsets[j] > t):
+                    self._token_chunk = int(piece.chunk[j + nonempty[-1]])
             block = self._packer.feed(piece, j, t)
             self._read_pos = self._reader.end_of(key)
             if block is not None:

@@ -156,21 +156,15 @@ class ConcatPacker:
         # Segments start at every document start and every row start inside the stream;
         # the stream's first token always starts one (a document, or the row after a cut).
         row_starts = np.arange(W - c, S, W, dtype=np.int64)
-        doc_starts = starts[(starts > 0) & (starts < S)]
+        doc_starts = starts[np.searchsorted(starts, 0, side="right") : np.searchsorted(starts, S)]  # starts ascend
         bounds = _sorted_union(doc_starts, row_starts)
-        seg_len = np.diff(np.append(bounds, S))
-        doc = np.searchsorted(starts, bounds, side="right") - 1  # the last document starting there: skips empty ones
-        seg_start = bounds - starts[doc]
-        which = j + doc
-        segs = np.stack([piece.sources[which], piece.documents[which], seg_start, seg_start + seg_len], axis=1).astype(np.int64, copy=False)
+        seg = self._segment_table(piece, j, starts, bounds, S, c)
         if not n_rows:
             self._carry_tokens = np.concatenate([self._carry_tokens, stream])
-            self._carry_segments = np.concatenate([self._carry_segments, segs])
+            self._carry_segments = seg[:, 1:]
             return None
 
-        in_rows = bounds < used
-        carried = np.column_stack([np.zeros(len(self._carry_segments), dtype=np.int64), self._carry_segments])
-        fresh = np.column_stack([(bounds[in_rows] + c) // W, segs[in_rows]])
+        in_rows = len(self._carry_segments) + int(np.searchsorted(bounds, used))  # segments starting before the open row
         if c == 0:
             tokens = stream[:used]
         elif j == 0 and t == 0 and c <= piece.headroom:
@@ -190,8 +184,28 @@ class ConcatPacker:
         ends[:, 2] = np.where(done, 0, taken)
 
         self._carry_tokens = stream[used:]
-        self._carry_segments = segs[~in_rows]
-        return RowBlock(tokens.reshape(n_rows, W), np.concatenate([carried, fresh]), ends)
+        self._carry_segments = seg[in_rows:, 1:]
+        return RowBlock(tokens.reshape(n_rows, W), seg[:in_rows], ends)
+
+    def _segment_table(self, piece: Piece, j: int, starts: np.ndarray, bounds: np.ndarray, S: int, c: int) -> np.ndarray:
+        """The segments of the open row, then one per ``bounds`` of the stream, each with its row."""
+        seg_len = np.empty_like(bounds)
+        np.subtract(bounds[1:], bounds[:-1], out=seg_len[:-1])
+        seg_len[-1] = S - bounds[-1]
+        doc = np.searchsorted(starts, bounds, side="right") - 1  # the last document starting there: skips empty ones
+        seg_start = bounds - starts[doc]
+        which = j + doc
+        nc = len(self._carry_segments)
+        seg = np.empty((nc + len(bounds), 5), dtype=np.int64)
+        seg[:nc, 0] = 0
+        seg[:nc, 1:] = self._carry_segments
+        fresh = seg[nc:]
+        fresh[:, 0] = (bounds + c) // self.width
+        fresh[:, 1] = piece.sources[which]
+        fresh[:, 2] = piece.documents[which]
+        fresh[:, 3] = seg_start
+        np.add(seg_start, seg_len, out=fresh[:, 4])
+        return seg
 
     def flush(self, end: Position) -> RowBlock | None:
         """The open row padded to ``width``, at the end of the data (None if it is empty)."""

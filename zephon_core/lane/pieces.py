@@ -23,7 +23,7 @@ import numpy as np
 from zephon_core.curriculum.work_source import Chunk, WorkSource
 from zephon_core.errors import DataError
 from zephon_core.lane.docops import DROPPED, DocOpRunner
-from zephon_core.sources.base import distinct, read_flat_grouped
+from zephon_core.sources.base import distinct, gather_index, read_flat_grouped
 
 # Documents per slice of a lane's first chunk: a batch needs only as many slices as it has documents.
 SLICE_DOCS = 8
@@ -107,8 +107,9 @@ def _flat_from_docs(work_source: WorkSource, srcs: np.ndarray, docnos: np.ndarra
 def load_piece(work_source: WorkSource, runner: DocOpRunner, parts: list[tuple[int, Chunk, int, int]], headroom: int = 0) -> Piece:
     """Read documents ``lo..hi-1`` of each ``(lane chunk, chunk, lo, hi)`` and run the per-document operators on them,
     with ``headroom`` free tokens in front (see ``Piece``)."""
-    chunk = np.concatenate([np.full(hi - lo, k, dtype=np.int64) for k, _, lo, hi in parts])
-    index = np.concatenate([np.arange(lo, hi, dtype=np.int64) for _, _, lo, hi in parts])
+    counts = np.array([hi - lo for _, _, lo, hi in parts], dtype=np.int64)
+    chunk = np.repeat(np.array([k for k, _, _, _ in parts], dtype=np.int64), counts)
+    index = gather_index(np.array([lo for _, _, lo, _ in parts], dtype=np.int64), counts)
     srcs = np.concatenate([c.sources[lo:hi] for _, c, lo, hi in parts])
     docs = np.concatenate([c.documents[lo:hi] for _, c, lo, hi in parts])
     flat = _flat_from_sources(work_source, srcs, docs, headroom) if not runner.ops else None

@@ -211,6 +211,9 @@ class MegatronIndexedFile(Source):
         indices = np.asarray(indices, dtype=np.int64)
         first = self._doc_index[indices]
         counts = self._doc_index[indices + 1] - first
+        if len(counts) and (counts == 1).all():  # the common layout: one sequence per document
+            seq_lengths = self._lengths[first].astype(np.int64)
+            return _concat(self._flat, self._pointers[first] // self._dtype.itemsize, seq_lengths, headroom), seq_lengths
         seqs = gather_index(first, counts)
         seq_lengths = self._lengths[seqs].astype(np.int64)
         # A document spans its sequences (none: length 0).
