@@ -19,34 +19,39 @@ import numpy as np
 _ROUNDS = 6
 
 
+def _key(text: str) -> int:
+    """The 64-bit key of ``text``: the first 8 bytes of its blake2b digest, little-endian."""
+    return struct.unpack("<Q", hashlib.blake2b(text.encode(), digest_size=8).digest())[0]
+
+
 def derive_key(*parts: object) -> int:
     """A 64-bit key from any printable parts, stable across runs and versions."""
-    text = "\x1f".join(repr(p) for p in parts).encode()
-    return struct.unpack("<Q", hashlib.blake2b(text, digest_size=8).digest())[0]
+    return _key("\x1f".join(repr(p) for p in parts))
 
 
 def derive_keys(parts: Sequence[object], lasts: Sequence[object]) -> list[int]:
     """``[derive_key(*parts, x) for x in lasts]``, joining the shared parts once."""
     head = "".join(repr(p) + "\x1f" for p in parts)
-    return [struct.unpack("<Q", hashlib.blake2b((head + repr(x)).encode(), digest_size=8).digest())[0] for x in lasts]
-
-
-def round_keys(key: int) -> list[int]:
-    """``[derive_key(key, r) for r in range(_ROUNDS)]`` without the per-call joins: a permutation's round keys."""
-    prefix = repr(int(key)).encode() + b"\x1f"
-    return [int.from_bytes(hashlib.blake2b(prefix + _ROUND_SUFFIX[r], digest_size=8).digest(), "little") for r in range(_ROUNDS)]
+    return [_key(head + repr(x)) for x in lasts]
 
 
 _ROUND_SUFFIX = [repr(r).encode() for r in range(_ROUNDS)]
 
 
 def round_keys_array(keys: Sequence[int]) -> np.ndarray:
-    """``[round_keys(k) for k in keys]`` as a ``[len(keys), rounds]`` uint64 array: the digests are joined
-    and read as little-endian words at once, without a Python integer per round key."""
+    """``[[derive_key(k, r) for r in range(rounds)] for k in keys]``, the round keys of many permutations, as a
+    ``[len(keys), rounds]`` uint64 array: the digests are joined and read as little-endian words at once."""
     b2 = hashlib.blake2b
     prefixes = [repr(int(k)).encode() + b"\x1f" for k in keys]
     raw = b"".join([b2(p + sfx, digest_size=8).digest() for p in prefixes for sfx in _ROUND_SUFFIX])
     return np.frombuffer(raw, dtype="<u8").astype(np.uint64).reshape(len(prefixes), _ROUNDS)
+
+
+def round_keys(key: int) -> list[int]:
+    """``[derive_key(key, r) for r in range(_ROUNDS)]``: a permutation's round keys."""
+    return [int(k) for k in round_keys_array([key])[0]]
+
+
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _U64 = (1 << 64) - 1
