@@ -18,7 +18,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zephon_core.batch import row_layout
 from zephon_core.lane.pieces import Piece
 from zephon_core.sources.base import gather_index
 
@@ -41,8 +40,8 @@ class Position(NamedTuple):
 class RowBlock:
     """Consecutive rows of one lane: their tokens, and where each stretch of a row came from.
 
-    Positions and validity follow from the segments (``zephon_core.batch.row_layout``); a
-    block only carries what a batch needs, and a batch computes them when they are read.
+    Positions and validity follow from the segments (``zephon_core.batch.row_layout``): a
+    block carries neither, and a batch computes them when they are read.
     """
 
     tokens: np.ndarray  # [n, W] int64
@@ -52,16 +51,6 @@ class RowBlock:
 
     def __len__(self) -> int:
         return len(self.tokens)
-
-    @property
-    def positions(self) -> np.ndarray:
-        """``[n, W]`` int64, restarting at 0 at each row and document boundary, 0 on padding."""
-        return row_layout(self.segments, len(self), self.tokens.shape[1])[0]
-
-    @property
-    def valid(self) -> np.ndarray:
-        """``[n, W]`` bool, False on padding."""
-        return row_layout(self.segments, len(self), self.tokens.shape[1])[1]
 
     def segment_starts(self) -> np.ndarray:
         """``[n + 1]``: row ``r``'s segments are ``segments[s[r]:s[r + 1]]``; found once, as a block is cut into many."""
