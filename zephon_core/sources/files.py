@@ -8,17 +8,25 @@ order a listing returned.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 from fsspec.core import url_to_fs
+from fsspec.utils import glob_translate
 
 from zephon_core.errors import DataError
 
 _GLOB_CHARS = frozenset("*?[")
 INDEX_DIR = ".zephon-index"  # a folder's per-file index sidecars (``zephon index``): never part of its file set
+MANIFEST = "zephon-manifest.json"  # a folder's index manifest (``zephon index``): nor is it
+
+
+def is_index_file(path: str) -> bool:
+    """Whether ``path`` is a manifest or an index sidecar (what ``zephon index`` writes), which a glob must not pick up."""
+    return path.rsplit("/", 1)[-1] == MANIFEST or f"/{INDEX_DIR}/" in f"/{path}"
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class FileSet:
     root: str  # the folder the files are named relative to (where a manifest lives)
     files: tuple[FileStat, ...]
     expanded: bool  # a glob, a folder or a list: a many-file source, even if it holds one file
+    listed: bool = True  # False: the files are its manifest's, not a listing's (see manifest.read_unlisted)
 
     def url(self, stat: FileStat) -> str:
         return str(self.fs.unstrip_protocol(stat.path))
@@ -87,11 +96,9 @@ def list_files(path: str | Sequence[str], suffixes: Sequence[str], storage_optio
         if _GLOB_CHARS & set(inner):
             root = inner[: min(inner.find(c) for c in _GLOB_CHARS if c in inner)].rsplit("/", 1)[0]
             fs.invalidate_cache(root)
-            hits = fs.glob(inner, detail=True)
+            hits = {p: i for p, i in fs.glob(inner, detail=True).items() if i.get("type") != "directory" and not is_index_file(str(i["name"]))}
             roots.append(root)
-            for info in hits.values():
-                if info.get("type") != "directory":
-                    found[str(info["name"])] = _stat(info)
+            found.update({str(i["name"]): _stat(i) for i in hits.values()})
             if not hits:
                 raise DataError(f"{spec}: no file matches this pattern")
             expanded = True
@@ -114,6 +121,23 @@ def list_files(path: str | Sequence[str], suffixes: Sequence[str], storage_optio
     return FileSet(fs, root, tuple(found[p] for p in sorted(found)), expanded)
 
 
+def manifest_scope(path: str | Sequence[str], suffixes: Sequence[str],
+                   storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str, Callable[[str], bool]] | None:
+    """Where the manifest of a single glob or folder is, and which of its files' paths the glob or
+    folder covers, found without a request; None for a file or a list (they are listed)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    fs, inner = url_to_fs(str(path), **(storage_options or {}))
+    if _GLOB_CHARS & set(inner):
+        root = inner[: min(inner.find(c) for c in _GLOB_CHARS if c in inner)].rsplit("/", 1)[0]
+        pattern = re.compile(glob_translate(inner))  # fsspec's own glob semantics, as fs.glob matches
+        return fs, root, lambda p: pattern.match(p) is not None and not is_index_file(p)
+    if _matches(inner, suffixes):
+        return None  # one file
+    root = inner.rstrip("/")
+    return fs, root, lambda p: p.startswith(root + "/") and _matches(p, suffixes) and not is_index_file(p)
+
+
 @dataclass(frozen=True)
 class Access:
     """How a source reads its files: never changes what it reads."""
@@ -123,5 +147,6 @@ class Access:
     cache_bytes: int | None = None  # the node-local shard cache's byte cap (default $ZEPHON_SHARD_CACHE_BYTES or 64 GiB)
     local_copy: bool = False  # copy whole objects into the shard cache before reading them
     manifest: bool = True  # use the folder's zephon-manifest.json when there is one
+    verify_listing: bool = False  # on an object store, list the files too and refuse any not in the manifest
     progress: Callable[[int, int], None] | None = None  # (files indexed, files) while indexing many files
 DEFAULT_ACCESS = Access()

@@ -9,6 +9,7 @@ costs less than any index of restart points read by thousands of ranks.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from collections.abc import Sequence
 from typing import IO, Any
@@ -20,7 +21,7 @@ from zephon_core.sources import index_cache, manifest
 from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs, sample_digest
 from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
-from zephon_core.sources.remote import LocalBytes, RemoteBytes, fetch_object, fetch_range, iter_bytes
+from zephon_core.sources.remote import LocalBytes, RemoteBytes, ScanStream, Version, fetch_object, fetch_range, iter_bytes
 from zephon_core.sources.shard_cache import ShardCache
 from zephon_core.sources.sharded import ShardedSource
 
@@ -72,7 +73,7 @@ class JsonlFile(Source):
         else:
             sample = content_fingerprint(self._fs, self._fspath)
         self._fingerprint: dict[str, Any] = {"kind": "jsonl", "text_field": text_field, **sample}
-        self._bytes = self._byte_reader(access)
+        self._bytes = self._byte_reader(access, stat)
         arrays = self._index(access, index, stat, whole)
         self._starts, self._lengths, self._lines = arrays["starts"], arrays["lengths"], arrays["lines"]
         if not allow_empty:
@@ -82,29 +83,32 @@ class JsonlFile(Source):
         """A small plain object on a store, whole, in one request (its sample and its index come from it)."""
         if stat is None or is_local(self._fs) or _decompressor(self._fspath) or access.local_copy or stat.size > SMALL_OBJECT_BYTES:
             return None
-        return fetch_range(self._fs, self._fspath, 0, stat.size, access.attempts) if stat.size else b""
+        return fetch_range(self._fs, self._fspath, 0, stat.size, access.attempts, Version(stat.size, stat.etag) if stat.etag else None)
 
-    def _byte_reader(self, access: Access) -> LocalBytes | RemoteBytes:
+    def _byte_reader(self, access: Access, stat: FileStat | None) -> LocalBytes | RemoteBytes:
         kind = _decompressor(self._fspath)
         size = int(self._fingerprint["size"])
-        if kind is None and is_local(self._fs):
-            return LocalBytes(self._fspath)
-        if kind is None and not access.local_copy:
-            return RemoteBytes(self._fs, self._fspath, size, attempts=access.attempts)
+        if is_local(self._fs):
+            if kind is None:
+                return LocalBytes(self._fspath)
+            source: LocalBytes | RemoteBytes = LocalBytes(self._fspath)
+        else:
+            source = RemoteBytes(self._fs, self._fspath, size, attempts=access.attempts, etag=stat.etag if stat else None)
+            if kind is None and not access.local_copy:
+                return source
         cache = ShardCache(None if access.cache_dir is None else f"{access.cache_dir}/shards", access.cache_bytes)
         key = f"{kind or 'copy'}\x1f{self._fs.unstrip_protocol(self._fspath)}\x1f{self._fingerprint['sample_blake2b']}\x1f{size}"
 
         def make(out: IO[bytes]) -> None:
             if kind is None:
-                fetch_object(self._fs, self._fspath, size, out, access.attempts)
+                fetch_object(source, out)
                 return
-            with self._fs.open(self._fspath, "rb") as src:
-                try:
-                    _decompress(kind, src, out)
-                except DataError:
-                    raise
-                except Exception as e:  # gzip: OSError/EOFError, zstandard: ZstdError
-                    raise DataError(f"{self.path}: cannot decompress ({kind}): {type(e).__name__}: {e}") from None
+            try:
+                _decompress(kind, io.BufferedReader(ScanStream(source)), out)  # verified, retried reads (a store's stream is neither)
+            except DataError:
+                raise
+            except Exception as e:  # gzip: OSError/EOFError, zstandard: ZstdError
+                raise DataError(f"{self.path}: cannot decompress ({kind}): {type(e).__name__}: {e}") from None
 
         return LocalBytes(str(cache.get(key, make)))
 
@@ -233,8 +237,9 @@ class JsonlSource(ShardedSource):
     ``.jsonl.gz`` and ``.jsonl.zst`` files, recursively) or a list of them; files in sorted order.
 
     A single file keeps the single-file fingerprint. For many files, the folder's
-    ``zephon-manifest.json`` (``zephon index``) is used when present (one read,
-    validated against one listing); otherwise every file is indexed on up to 16
+    ``zephon-manifest.json`` (``zephon index``) is used when present (one read;
+    on a file system checked against one listing, on S3 each read checks the
+    object's version against it); otherwise every file is indexed on up to 16
     threads and the indexes are cached. See docs/sources_at_scale.md.
     """
 

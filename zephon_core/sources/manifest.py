@@ -5,9 +5,12 @@ instead of opening every file.
 size, ETag or modification time, content sample and document count (and format
 facts such as Parquet row groups); ``.zephon-index/<file>.npz`` holds a file's
 document offsets where a format needs them. ``zephon index SOURCE`` writes both.
-A pipeline validates the manifest against one listing of the files: a file
-added, removed or changed since (size or ETag; a new modification time with a
-different content sample) is an error naming it, never silently wrong data.
+On a file system a pipeline validates the manifest against one listing of the
+files: a file added, removed or changed since (size or ETag; a new modification
+time with a different content sample) is an error naming it, never silently wrong
+data. On an object store the manifest is the file set (no listing: one request,
+not one per 1,000 objects on every rank), and every read checks the version it got
+(``read_unlisted``).
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import fsspec
 import numpy as np
 
 from zephon_core.errors import DataError
 from zephon_core.sources.base import content_fingerprint, is_local
-from zephon_core.sources.files import INDEX_DIR, FileSet, FileStat
+from zephon_core.sources.files import INDEX_DIR, MANIFEST, FileSet, FileStat, manifest_scope
+from zephon_core.sources.remote import serves_versions
 
-MANIFEST = "zephon-manifest.json"
 FORMAT, VERSION = "zephon.manifest", 1
 
 
@@ -95,12 +99,12 @@ def read_index(files: FileSet, name: str) -> dict[str, np.ndarray] | None:
         return {k: z[k] for k in z.files}
 
 
-def read_manifest(files: FileSet, kind: str, options: Mapping[str, Any]) -> list[ShardMeta] | None:
-    """The manifest's entries for ``files``, validated against the listing; None when there is no manifest."""
-    path = _join(files.root, MANIFEST)
-    url = files.fs.unstrip_protocol(path)
+def _load(fs: fsspec.AbstractFileSystem, root: str, kind: str, options: Mapping[str, Any]) -> tuple[str, list[ShardMeta]] | None:
+    """The manifest in ``root`` (its URL and entries) if there is one, built for this kind of source with these options."""
+    path = _join(root, MANIFEST)
+    url = str(fs.unstrip_protocol(path))
     try:
-        raw = files.fs.cat_file(path)
+        raw = fs.cat_file(path)
     except FileNotFoundError:
         return None
     try:
@@ -113,7 +117,39 @@ def read_manifest(files: FileSet, kind: str, options: Mapping[str, Any]) -> list
     if body.get("kind") != kind or body.get("options") != dict(options):
         raise DataError(f"{url}: the manifest was built for a {body.get('kind')} source with {body.get('options')}, this source is a {kind} "
                         f"source with {dict(options)}; rebuild it with `zephon index`")
-    return _validated(files, url, entries)
+    return url, entries
+
+
+def read_manifest(files: FileSet, kind: str, options: Mapping[str, Any]) -> list[ShardMeta] | None:
+    """The manifest's entries for ``files``, validated against the listing; None when there is no manifest."""
+    found = _load(files.fs, files.root, kind, options)
+    return None if found is None else _validated(files, *found)
+
+
+def read_unlisted(path: str | Sequence[str], suffixes: Sequence[str], storage_options: dict[str, Any] | None, kind: str,
+                  options: Mapping[str, Any]) -> tuple[FileSet, list[ShardMeta]] | None:
+    """On an object store, a glob's or folder's file set from its manifest alone: one request.
+
+    A listing costs one request per 1,000 objects on every rank. Instead, each
+    object is checked when read: every GET says which version (ETag) and size it
+    served, and one that differs from the manifest's is a ``DataError`` naming it
+    (``remote.fetch_range``). A file added since ``zephon index`` is not seen
+    (``zephon index --check`` or ``Access(verify_listing=True)`` lists and compares).
+    None where this does not apply: a local file system (listing it is cheap), a
+    file or a list of paths, no manifest, or a manifest without ETags.
+    """
+    scope = manifest_scope(path, suffixes, storage_options)
+    if scope is None or not serves_versions(scope[0]):
+        return None
+    fs, root, covers = scope
+    found = _load(fs, root, kind, options)
+    if found is None:
+        return None
+    entries = sorted((m for m in found[1] if covers(_join(root, m.name))), key=lambda m: m.name)
+    if not entries or any(m.etag is None for m in entries):
+        return None
+    stats = tuple(FileStat(_join(root, m.name), m.size, m.etag, m.mtime) for m in entries)
+    return FileSet(fs, root, stats, expanded=True, listed=False), entries
 
 
 def _validated(files: FileSet, url: str, entries: list[ShardMeta]) -> list[ShardMeta]:

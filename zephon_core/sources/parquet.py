@@ -23,7 +23,7 @@ class ParquetFile(Source):
     """Rows of one Parquet file; a document is the ``text_field`` column's string."""
 
     def __init__(self, path: str, text_field: str = "text", *, name: str | None = None, storage_options: dict[str, Any] | None = None,
-                 known: ShardMeta | None = None, attempts: int = 5, allow_empty: bool = False) -> None:
+                 known: ShardMeta | None = None, attempts: int = 5, allow_empty: bool = False, etag: str | None = None) -> None:
         import pyarrow.parquet as pq
 
         self.path = str(path)
@@ -32,9 +32,11 @@ class ParquetFile(Source):
         self._fs, self._fspath = open_fs(self.path, storage_options)
         sample = {"size": known.size, "sample_blake2b": known.sample_blake2b} if known else content_fingerprint(self._fs, self._fspath)
         self._fingerprint = {"kind": "parquet", "text_field": text_field, **sample}
-        self._attempts = attempts
+        self._attempts, self._etag = attempts, etag
         try:
-            self._file = pq.ParquetFile(self._fs.open(self._fspath, "rb"))
+            self._file = pq.ParquetFile(self._open())
+        except DataError:
+            raise
         except Exception as e:  # pyarrow raises several unrelated types for a bad file
             raise DataError(f"{self.path}: not a readable Parquet file ({e})") from None
         schema = self._file.schema_arrow
@@ -52,6 +54,17 @@ class ParquetFile(Source):
         self._groups: OrderedDict[int, list[Any]] = OrderedDict()
         if not allow_empty:
             self._require_nonempty(self.path)
+
+    def _open(self) -> Any:
+        """The file, checked to be the version the source's manifest or listing recorded (s3fs reads
+        every range of an open file with If-Match on the version it opened)."""
+        f = self._fs.open(self._fspath, "rb")
+        served = str((getattr(f, "details", None) or {}).get("ETag") or "").strip('"')
+        if self._etag and served and served != self._etag:
+            f.close()
+            raise DataError(f"{self.path}: stale: the object changed since the source's manifest or listing was read "
+                            f"(etag {self._etag} -> {served}); rebuild the manifest with `zephon index`")
+        return f
 
     def __len__(self) -> int:
         return int(self._group_starts[-1])
@@ -79,7 +92,7 @@ class ParquetFile(Source):
                 import pyarrow.parquet as pq
 
                 time.sleep(0.05 * 2**attempt)
-                self._file = pq.ParquetFile(self._fs.open(self._fspath, "rb"))
+                self._file = pq.ParquetFile(self._open())
             except Exception as e:  # pyarrow raises several unrelated types for corrupt data
                 raise DataError(f"{self.path}: row group {g}: cannot read column {self.text_field!r} ({type(e).__name__}: {e})") from None
         raise AssertionError("unreachable")
@@ -121,4 +134,4 @@ class ParquetSource(ShardedSource):
 
     def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> ParquetFile:
         return ParquetFile(url, self.text_field, storage_options=self.storage_options, known=meta, attempts=self.access.attempts,
-                           allow_empty=not single)
+                           allow_empty=not single, etag=stat.etag if stat else None)

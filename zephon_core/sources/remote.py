@@ -9,20 +9,26 @@ close together, as a block-shuffled source reads them, cost one request for
 many. Every request is checked for its byte count and retried with backoff on
 transient failures (5xx, SlowDown, connection resets, short bodies); after the
 last attempt a ``DataError`` names the object, the byte range and the attempts.
+On S3 every response also says which version of the object it came from (its
+ETag and size): one other than the version the source's listing or manifest
+recorded is a ``DataError`` at once, so a run never mixes two versions of a file.
 Timing and retries never change the bytes returned.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
+import fsspec.asyn
 
 from zephon_core.errors import DataError
 
@@ -39,24 +45,68 @@ class ShortRead(OSError):
     """The store returned fewer bytes than the range asked for."""
 
 
-def fetch_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, attempts: int = DEFAULT_ATTEMPTS) -> bytes:
-    """Bytes ``start..end-1`` of ``path``, verified and retried; ``DataError`` after ``attempts`` failures."""
+@dataclass(frozen=True)
+class Version:
+    """A version of an object: the one a source's listing or manifest recorded, or the one a read served."""
+
+    size: int  # -1: the store did not say
+    etag: str
+
+
+def serves_versions(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether this store's reads say which version they served (S3, through s3fs)."""
+    return "s3" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)) and hasattr(fs, "_call_s3")
+
+
+async def _s3_get(fs: Any, path: str, start: int, end: int) -> tuple[bytes, Version | None]:
+    bucket, key, version_id = fs.split_path(path)
+    extra = {"VersionId": version_id} if version_id else {}
+    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra, **fs.req_kw)
+    try:
+        data = await resp["Body"].read()
+    finally:
+        resp["Body"].close()
+    etag, whole = str(resp.get("ETag") or "").strip('"'), str(resp.get("ContentRange") or "").rpartition("/")[2]
+    # A store that leaves out Content-Range (a whole-object reply) still names the version by its ETag.
+    return data, Version(int(whole) if whole.isdigit() else -1, etag) if etag else None
+
+
+def _get(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int) -> tuple[bytes, Version | None]:
+    if serves_versions(fs):
+        return fsspec.asyn.sync(fs.loop, _s3_get, fs, path, start, end)
+    return fs.cat_file(path, start=start, end=end), None
+
+
+def fetch_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, attempts: int = DEFAULT_ATTEMPTS,
+                expect: Version | None = None) -> bytes:
+    """Bytes ``start..end-1`` of ``path``, verified and retried; ``DataError`` after ``attempts`` failures,
+    or at once when the object is gone or is no longer the version ``expect``."""
+    if end <= start:
+        return b""
     last: BaseException | None = None
+    url = fs.unstrip_protocol(path)
     for attempt in range(attempts):
         try:
-            data = fs.cat_file(path, start=start, end=end)
-            if len(data) != end - start:
-                raise ShortRead(f"{len(data)} of {end - start} bytes")
-            return bytes(data)
+            data, served = _get(fs, path, start, end)
+        except FileNotFoundError:
+            if expect is None:
+                raise
+            raise DataError(f"{url}: stale: the source's manifest or listing has this object, the store does not any more; "
+                            "rebuild the manifest with `zephon index`") from None
         except _PERMANENT:
             raise
         except Exception as e:  # a store client raises many unrelated types for transient trouble
             last = e
-            if attempt + 1 < attempts:
-                time.sleep(_BACKOFF_S * (2**attempt))
-    raise DataError(
-        f"{fs.unstrip_protocol(path)}: bytes {start}-{end - 1}: failed after {attempts} attempt(s): {type(last).__name__}: {last}"
-    )
+        else:
+            if expect is not None and served is not None and (served.etag != expect.etag or served.size not in (-1, expect.size)):
+                raise DataError(f"{url}: stale: the object changed since the source's manifest or listing was read (size {expect.size} -> "
+                                f"{served.size if served.size >= 0 else '?'}, etag {expect.etag} -> {served.etag}); rebuild the manifest with `zephon index`")
+            if len(data) == end - start:
+                return bytes(data)
+            last = ShortRead(f"{len(data)} of {end - start} bytes")
+        if attempt + 1 < attempts:
+            time.sleep(_BACKOFF_S * (2**attempt))
+    raise DataError(f"{url}: bytes {start}-{end - 1}: failed after {attempts} attempt(s): {type(last).__name__}: {last}")
 
 
 class LocalBytes:
@@ -129,11 +179,13 @@ PAGES = PagePool(int(float(os.environ.get("ZEPHON_PAGE_CACHE_MB", "256")) * (1 <
 class RemoteBytes:
     """Byte ranges of one object, read through the process's page pool (``PAGES``)."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, *, attempts: int = DEFAULT_ATTEMPTS, pool: PagePool | None = None) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, *, attempts: int = DEFAULT_ATTEMPTS, pool: PagePool | None = None,
+                 etag: str | None = None) -> None:
         self.fs = fs
         self.path = path
         self.size = size
         self.attempts = attempts
+        self.expect = Version(size, etag) if etag else None  # every read checks it (see fetch_range)
         self._pool = pool or PAGES
         self._owner = next(_OWNERS)  # pages are this object's alone: a new object (a new version) never sees old pages
         self.requests = 0  # how many range requests this object cost (for benchmarks)
@@ -153,7 +205,7 @@ class RemoteBytes:
     def scan(self, start: int, length: int) -> bytes:
         """One verified read that bypasses the pool: a pass over the whole object must not evict the pages in use."""
         self.requests += 1
-        return fetch_range(self.fs, self.path, start, start + length, self.attempts)
+        return fetch_range(self.fs, self.path, start, start + length, self.attempts, self.expect)
 
     def _pages_for(self, wanted: list[int]) -> dict[int, bytes]:
         have = self._pool.get_many(self._owner, wanted)
@@ -161,7 +213,7 @@ class RemoteBytes:
         fetched: dict[int, bytes] = {}
         for run in _runs(missing, MAX_REQUEST_PAGES):
             start, end = run[0] * PAGE_BYTES, min(self.size, (run[-1] + 1) * PAGE_BYTES)
-            data = fetch_range(self.fs, self.path, start, end, self.attempts)
+            data = fetch_range(self.fs, self.path, start, end, self.attempts, self.expect)
             self.requests += 1
             for k, p in enumerate(run):
                 fetched[p] = data[k * PAGE_BYTES : (k + 1) * PAGE_BYTES]
@@ -180,11 +232,29 @@ def _runs(pages: list[int], longest: int) -> list[list[int]]:
     return runs
 
 
-def fetch_object(fs: fsspec.AbstractFileSystem, path: str, size: int, out: Any, attempts: int = DEFAULT_ATTEMPTS) -> None:
+def fetch_object(reader: LocalBytes | RemoteBytes, out: Any) -> None:
     """Copy a whole object into the binary file ``out`` in verified, retried parts of 16 MiB."""
-    step = PAGE_BYTES * MAX_REQUEST_PAGES
-    for start in range(0, size, step):
-        out.write(fetch_range(fs, path, start, min(size, start + step), attempts))
+    for block in iter_bytes(reader, PAGE_BYTES * MAX_REQUEST_PAGES):
+        out.write(block)
+
+
+class ScanStream(io.RawIOBase):
+    """A reader's bytes, start to end, as a read-only stream of verified scans (what a decompressor reads)."""
+
+    def __init__(self, reader: LocalBytes | RemoteBytes, step: int = 4 << 20) -> None:
+        self._blocks = iter_bytes(reader, step)
+        self._left = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if not self._left:
+            self._left = memoryview(next(self._blocks, b""))
+        n = min(len(buffer), len(self._left))
+        buffer[:n] = self._left[:n]
+        self._left = self._left[n:]
+        return n
 
 
 def iter_bytes(reader: LocalBytes | RemoteBytes, step: int = 4 << 20) -> Any:

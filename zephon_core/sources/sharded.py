@@ -77,6 +77,11 @@ class ShardedSource(Source):
     def manifest_options(self) -> dict[str, Any]:
         return {}
 
+    @classmethod
+    def file_specs(cls, path: str | Sequence[str]) -> str | Sequence[str]:
+        """The paths, globs or folders of files that ``path`` names (a format may name files by a prefix)."""
+        return path
+
     def meta_of(self, st: FileStat, opened: Source) -> ShardMeta:
         """A file's manifest entry, from the opened file."""
         fp = opened.fingerprint()
@@ -84,7 +89,10 @@ class ShardedSource(Source):
 
     def _init_files(self, path: str | Sequence[str], name: str | None, storage_options: dict[str, Any] | None, access: Access) -> None:
         self.path, self.access, self.storage_options = path, access, storage_options
-        self.files = files = list_files(path, self.suffixes, storage_options)
+        unlisted = None
+        if access.manifest and not access.verify_listing:
+            unlisted = manifest.read_unlisted(path, self.suffixes, storage_options, self.kind, self.manifest_options())
+        self.files = files = unlisted[0] if unlisted else list_files(path, self.suffixes, storage_options)
         where = str(path) if isinstance(path, str) else f"{len(files.files)} files under {files.root}"
         opened: list[Source | None] = [None] * len(files.files)
         if not files.expanded:
@@ -93,7 +101,9 @@ class ShardedSource(Source):
             self._fingerprint = only.fingerprint()  # a single file keeps the single-file fingerprint
             self.name = name or only.name
         else:
-            metas = manifest.read_manifest(files, self.kind, self.manifest_options()) if access.manifest else None
+            metas: list[ShardMeta] | None = unlisted[1] if unlisted else None
+            if metas is None and access.manifest:
+                metas = manifest.read_manifest(files, self.kind, self.manifest_options())
             if metas is None:
                 def scan(f: int) -> tuple[ShardMeta, Source]:
                     st = files.files[f]

@@ -253,9 +253,12 @@ class MegatronIndexedSource(FlatShardedSource):
     kind = "megatron_indexed"
     suffixes = (".idx",)
 
+    @classmethod
+    def file_specs(cls, path: str | Sequence[str]) -> str | Sequence[str]:
+        return _prefix_spec(path) if isinstance(path, (str, os.PathLike)) else [_prefix_spec(str(p)) for p in path]
+
     def __init__(self, prefix: str | Sequence[str], *, name: str | None = None, use_manifest: bool = True, access: Access | None = None) -> None:
-        specs: str | list[str] = _prefix_spec(prefix) if isinstance(prefix, (str, os.PathLike)) else [_prefix_spec(str(p)) for p in prefix]
-        self._init_files(specs, name, None, access or Access(manifest=use_manifest))
+        self._init_files(self.file_specs(prefix), name, None, access or Access(manifest=use_manifest))
         if isinstance(prefix, (str, os.PathLike)):
             self.path = str(prefix)
 

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from zephon_core import DataError, JsonlSource, MegatronIndexedSource, ParquetSource, Pipeline, StateError, StaticMixture, merge_states
 from zephon_core.curriculum.order import BlockShuffle
 from zephon_core.sources import manifest
-from zephon_core.sources.files import list_files
+from zephon_core.sources.files import list_files, manifest_scope
+from zephon_core.sources.jsonl import SUFFIXES
 from zephon_core.sources.shard_cache import ShardCache
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -307,3 +308,32 @@ def test_the_zstd_extra_brings_zstandard():
     from zephon_core.sources import jsonl
 
     assert "zephon-suite[zstd]" in Path(jsonl.__file__).read_text()
+
+
+_NAMES = st.sampled_from(["a.jsonl", "b.jsonl.gz", "c.jsonl.zst", "d.txt", "e.parquet", "x1.jsonl", "x22.jsonl"])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["", "sub/", "sub/deeper/", "other/"]), _NAMES), min_size=1, max_size=12, unique=True),
+       st.sampled_from(["", "*.jsonl", "*.jsonl*", "x?.jsonl", "x[12]*.jsonl", "sub/*.jsonl", "**/*.jsonl", "sub/**", "*", "**"]))
+def test_a_manifests_scope_is_exactly_what_a_listing_of_its_glob_or_folder_finds(tmp_path_factory, files, pattern):
+    """What an object store's start-up takes from the manifest without a listing (manifest_scope) is
+    the listing's file set, for any layout and any glob or folder (fsspec's glob semantics)."""
+    root = tmp_path_factory.mktemp("scope")
+    for folder, name in files:
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / name).write_text("{}\n")
+    (root / ".zephon-index").mkdir()
+    (root / ".zephon-index" / "a.jsonl.npz").write_text("sidecar")
+    (root / "zephon-manifest.json").write_text("{}")
+    all_files = [str(p) for p in root.rglob("*") if p.is_file()]
+    spec = str(root / pattern) if pattern else str(root)
+    fs, scope_root, covers = manifest_scope(spec, SUFFIXES)
+    try:
+        found = list_files(spec, SUFFIXES)
+    except DataError:  # nothing matches: nor may the scope
+        assert not any(covers(p) for p in all_files)
+        return
+    assert scope_root == found.root  # where the manifest is looked for
+    assert sorted(p for p in all_files if covers(p)) == [f.path for f in found.files]
+    assert not any(f.path.endswith(("zephon-manifest.json", ".npz")) for f in found.files)  # what `zephon index` wrote is not data

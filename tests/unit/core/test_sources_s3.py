@@ -4,6 +4,8 @@ the same documents as from local disk whatever the store does, retries bounded, 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 from core_fixtures import CharTokenizer, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
 
 from zephon_core import DataError, JsonlSource, Pipeline, StaticMixture
+from zephon_core.sources.files import Access
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from s3_proxy import S3Proxy, every  # noqa: E402
@@ -40,10 +43,18 @@ def through(proxy: S3Proxy, ep) -> dict:
 
 
 def test_a_many_shard_source_on_s3_reads_like_local_disk_through_injected_faults(s3_endpoint, tmp_path):
+    import gzip
+
     texts = upload(s3_endpoint, "faults", corpus())
+    extra = [f"gz{j}-" + "z" * (j % 7) for j in range(30)]
+    s3_endpoint.filesystem().pipe_file(f"{s3_endpoint.bucket}/faults/part-100.jsonl.gz",
+                                       gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in extra).encode()))
+    texts += extra
     for fault in ("503", "500", "reset", "truncate"):
         with S3Proxy(s3_endpoint.endpoint_url, plan=every(3, fault)) as proxy:
-            src = JsonlSource(s3_endpoint.url("faults", "*.jsonl"), storage_options=through(proxy, s3_endpoint), attempts=6)
+            # A cache folder per round: the compressed shard is fetched (and decompressed) through the faults every time.
+            src = JsonlSource(s3_endpoint.url("faults", "*.jsonl*"), storage_options=through(proxy, s3_endpoint), attempts=6,
+                              cache_dir=str(tmp_path / fault))
             assert src.read(list(range(len(src)))) == texts, fault
             assert proxy.injected[fault] > 0, f"the proxy injected no {fault}"
 
@@ -93,26 +104,75 @@ def test_a_local_copy_and_a_compressed_shard_on_s3_read_through_the_shard_cache(
     assert len(list((zephon_cache_dir / "shards").glob("*.bin"))) == 4
 
 
-def test_a_manifest_on_s3_is_one_read_plus_one_listing(s3_endpoint):
-    import subprocess
+def index(ep, url: str, *extra: str) -> subprocess.CompletedProcess:
+    so = json.dumps(ep.storage_options)
+    return subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", "index", url, "--storage-options", so, *extra],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
 
-    upload(s3_endpoint, "man", corpus(12, 3))
-    env = {k: v for k, v in __import__("os").environ.items()}
-    so = json.dumps(s3_endpoint.storage_options)
-    r = subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", "index", s3_endpoint.url("man"), "--storage-options", so],
-                       capture_output=True, text=True, timeout=300, env=env)
+
+def test_a_manifest_on_s3_is_the_one_request_at_start_up_and_every_read_checks_its_version(s3_endpoint):
+    texts = upload(s3_endpoint, "man", corpus(12, 3))
+    r = index(s3_endpoint, s3_endpoint.url("man"))
     assert r.returncode == 0, r.stderr
-    with S3Proxy(s3_endpoint.endpoint_url) as proxy:
-        src = JsonlSource(s3_endpoint.url("man"), storage_options=through(proxy, s3_endpoint))
-        assert len(src) == 36
-        assert proxy.counts["GET"] <= 4, proxy.counts  # the listing (1-2 requests) and the manifest; no shard
-        listed = src.files.files
-        assert all("/.zephon-index/" not in st.path for st in listed) and len(listed) == 12
+    asked: list[tuple[str, str]] = []
+    with S3Proxy(s3_endpoint.endpoint_url, plan=lambda n, m, path, h: asked.append((m, path))) as proxy:
+        so = through(proxy, s3_endpoint)
+        src = JsonlSource(s3_endpoint.url("man"), storage_options=so)
+        assert len(src) == 36 and not src.files.listed
+        assert asked == [("GET", "/zephon-test/man/zephon-manifest.json")], asked  # no listing, no shard
+        assert src.read(list(range(36))) == texts
+        listed = JsonlSource(s3_endpoint.url("man"), storage_options=so, access=Access(verify_listing=True))
+        assert listed.files.listed and listed.fingerprint() == src.fingerprint()
+        assert [st.etag for st in listed.files.files] == [st.etag for st in src.files.files]
 
-        # A shard added after the manifest, seen by the same process through the same (cached) store
-        # client, which keeps listings: refused, naming it.
-        shared = {**proxy.endpoint(s3_endpoint.bucket).storage_options, "use_listings_cache": True}
-        assert len(JsonlSource(s3_endpoint.url("man"), storage_options=shared)) == 36
-        s3_endpoint.filesystem().pipe_file(f"{s3_endpoint.bucket}/man/part-999.jsonl", b'{"text": "late"}\n')
-        with pytest.raises(DataError, match=r"stale: file part-999\.jsonl is not in the manifest"):
-            JsonlSource(s3_endpoint.url("man"), storage_options=shared)
+    fs = s3_endpoint.filesystem()
+    # Added after `zephon index`: not part of the source (the manifest is its file set) until the next
+    # `zephon index`; listing it (--check, verify_listing) names it.
+    fs.pipe_file(f"{s3_endpoint.bucket}/man/part-999.jsonl", b'{"text": "late"}\n')
+    late = JsonlSource(s3_endpoint.url("man", "*.jsonl"), storage_options=s3_endpoint.storage_options)
+    assert late.fingerprint() == src.fingerprint() and late.read(list(range(36))) == texts
+    with pytest.raises(DataError, match=r"stale: file part-999\.jsonl is not in the manifest"):
+        JsonlSource(s3_endpoint.url("man"), storage_options=s3_endpoint.storage_options, access=Access(verify_listing=True))
+    r = index(s3_endpoint, s3_endpoint.url("man"), "--check")
+    assert r.returncode == 1 and "stale: file part-999.jsonl is not in the manifest" in r.stderr, r.stderr
+    fs.rm_file(f"{s3_endpoint.bucket}/man/part-999.jsonl")
+    r = index(s3_endpoint, s3_endpoint.url("man"), "--check")
+    assert r.returncode == 0 and "the manifest matches the listing: 12 files, 36 documents" in r.stdout, r.stderr
+
+    # Rewritten with the same size (the content sample and the size alone would not tell) or deleted:
+    # the first read of it is refused, naming it; the other files still read.
+    fs.pipe_file(f"{s3_endpoint.bucket}/man/part-003.jsonl", "".join(json.dumps({"text": t.upper()}) + "\n" for t in texts[9:12]).encode())
+    fs.rm_file(f"{s3_endpoint.bucket}/man/part-005.jsonl")
+    stale = JsonlSource(s3_endpoint.url("man"), storage_options=s3_endpoint.storage_options)
+    assert stale.read([0, 35]) == [texts[0], texts[35]]
+    with pytest.raises(DataError, match=r"s3://zephon-test/man/part-003\.jsonl: stale: the object changed .*etag [0-9a-f]+ -> [0-9a-f]+"):
+        stale.read([9])
+    with pytest.raises(DataError, match=r"s3://zephon-test/man/part-005\.jsonl: stale: .* the store does not any more"):
+        stale.read([15])
+
+
+def test_a_parquet_folder_on_s3_from_its_manifest_refuses_a_rewritten_file(s3_endpoint):
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zephon_core import ParquetSource
+
+    def parquet(rows: list[str]) -> bytes:
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"text": pa.array(rows, type=pa.string())}), buf)
+        return buf.getvalue()
+
+    fs = s3_endpoint.filesystem()
+    shards = [[f"p{k}-{j}" for j in range(n)] for k, n in enumerate([3, 0, 4])]
+    for k, rows in enumerate(shards):
+        fs.pipe_file(f"{s3_endpoint.bucket}/pq/part-{k}.parquet", parquet(rows))
+    assert index(s3_endpoint, s3_endpoint.url("pq"), "--format", "parquet").returncode == 0
+    src = ParquetSource(s3_endpoint.url("pq"), storage_options=s3_endpoint.storage_options)
+    assert not src.files.listed and src.read(list(range(7))) == shards[0] + shards[2]
+    fs.pipe_file(f"{s3_endpoint.bucket}/pq/part-2.parquet", parquet([r.upper() for r in shards[2]]))
+    stale = ParquetSource(s3_endpoint.url("pq"), storage_options=s3_endpoint.storage_options)
+    assert stale.read([0]) == ["p0-0"]
+    with pytest.raises(DataError, match=r"part-2\.parquet: stale: the object changed .*etag"):
+        stale.read([3])
