@@ -70,6 +70,11 @@ def _matches(path: str, suffixes: Sequence[str]) -> bool:
     return any(path.endswith(s) for s in suffixes)
 
 
+def _glob_root(pattern: str) -> str:
+    """The folder a glob's files are named relative to: its part before the first wildcard."""
+    return pattern[: min(pattern.find(c) for c in _GLOB_CHARS if c in pattern)].rsplit("/", 1)[0]
+
+
 def _find(fs: fsspec.AbstractFileSystem, folder: str) -> dict[str, dict[str, Any]]:
     """Every file under ``folder``, recursively, except the index sidecars: walking folder by folder
     lists each level once (one delimited listing on an object store) and skips the sidecars'
@@ -94,7 +99,7 @@ def list_files(path: str | Sequence[str], suffixes: Sequence[str], storage_optio
     for spec in specs:
         _, inner = url_to_fs(spec, **(storage_options or {}))  # (open_fs would expand a glob)
         if _GLOB_CHARS & set(inner):
-            root = inner[: min(inner.find(c) for c in _GLOB_CHARS if c in inner)].rsplit("/", 1)[0]
+            root = _glob_root(inner)
             fs.invalidate_cache(root)
             hits = {p: i for p, i in fs.glob(inner, detail=True).items() if i.get("type") != "directory" and not is_index_file(str(i["name"]))}
             roots.append(root)
@@ -129,7 +134,7 @@ def manifest_scope(path: str | Sequence[str], suffixes: Sequence[str],
         return None
     fs, inner = url_to_fs(str(path), **(storage_options or {}))
     if _GLOB_CHARS & set(inner):
-        root = inner[: min(inner.find(c) for c in _GLOB_CHARS if c in inner)].rsplit("/", 1)[0]
+        root = _glob_root(inner)
         pattern = re.compile(glob_translate(inner))  # fsspec's own glob semantics, as fs.glob matches
         return fs, root, lambda p: pattern.match(p) is not None and not is_index_file(p)
     if _matches(inner, suffixes):
