@@ -14,6 +14,7 @@ from zephon_core.errors import DataError
 from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs
 from zephon_core.sources.files import Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
+from zephon_core.sources.remote import Version, check_version
 from zephon_core.sources.sharded import ShardedSource
 
 _CACHED_ROW_GROUPS = 4
@@ -30,9 +31,10 @@ class ParquetFile(Source):
         self.text_field = text_field
         self.name = name or default_name(self.path)
         self._fs, self._fspath = open_fs(self.path, storage_options)
-        sample = {"size": known.size, "sample_blake2b": known.sample_blake2b} if known else content_fingerprint(self._fs, self._fspath)
+        sample: dict[str, Any] = {"size": known.size, "sample_blake2b": known.sample_blake2b} if known else content_fingerprint(self._fs, self._fspath)
         self._fingerprint = {"kind": "parquet", "text_field": text_field, **sample}
-        self._attempts, self._etag = attempts, etag
+        self._attempts = attempts
+        self._expect = Version(int(sample["size"]), etag) if etag else None
         try:
             self._file = pq.ParquetFile(self._open())
         except DataError:
@@ -59,11 +61,13 @@ class ParquetFile(Source):
         """The file, checked to be the version the source's manifest or listing recorded (s3fs reads
         every range of an open file with If-Match on the version it opened)."""
         f = self._fs.open(self._fspath, "rb")
-        served = str((getattr(f, "details", None) or {}).get("ETag") or "").strip('"')
-        if self._etag and served and served != self._etag:
+        details = getattr(f, "details", None) or {}
+        served = str(details.get("ETag") or "").strip('"')
+        try:
+            check_version(self.path, self._expect, Version(int(details.get("size", -1)), served) if served else None)
+        except DataError:
             f.close()
-            raise DataError(f"{self.path}: stale: the object changed since the source's manifest or listing was read "
-                            f"(etag {self._etag} -> {served}); rebuild the manifest with `zephon index`")
+            raise
         return f
 
     def __len__(self) -> int:

@@ -53,6 +53,14 @@ class Version:
     etag: str
 
 
+def check_version(url: str, expect: Version | None, served: Version | None) -> None:
+    """A ``DataError`` when a store served another version of an object than the one ``expect`` records."""
+    if expect is None or served is None or (served.etag == expect.etag and served.size in (-1, expect.size)):
+        return
+    raise DataError(f"{url}: stale: the object changed since the source's manifest or listing was read (size {expect.size} -> "
+                    f"{served.size if served.size >= 0 else '?'}, etag {expect.etag} -> {served.etag}); rebuild the manifest with `zephon index`")
+
+
 def serves_versions(fs: fsspec.AbstractFileSystem) -> bool:
     """Whether this store's reads say which version they served (S3, through s3fs)."""
     return "s3" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)) and hasattr(fs, "_call_s3")
@@ -98,9 +106,7 @@ def fetch_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, 
         except Exception as e:  # a store client raises many unrelated types for transient trouble
             last = e
         else:
-            if expect is not None and served is not None and (served.etag != expect.etag or served.size not in (-1, expect.size)):
-                raise DataError(f"{url}: stale: the object changed since the source's manifest or listing was read (size {expect.size} -> "
-                                f"{served.size if served.size >= 0 else '?'}, etag {expect.etag} -> {served.etag}); rebuild the manifest with `zephon index`")
+            check_version(url, expect, served)
             if len(data) == end - start:
                 return bytes(data)
             last = ShortRead(f"{len(data)} of {end - start} bytes")
