@@ -35,6 +35,11 @@ class Cursor(NamedTuple):
     def start(cls) -> Cursor:
         return cls(0, 0, 0, 0)
 
+    @property
+    def last_chunk(self) -> int:
+        """The lane chunk the lane stands in (the one before, when it stands at a chunk's very start)."""
+        return self.chunk if (self.document or self.token) else max(self.chunk - 1, 0)
+
 
 def row_layout(segments: np.ndarray, n_rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Positions ``[n_rows, width]`` (int64) and validity (bool) of packed rows, from their segments.
@@ -74,7 +79,7 @@ class Batch:
     never reads them does not pay for them. Given explicitly, they are kept as given.
     """
 
-    __slots__ = ("input_ids", "labels", "lane", "lane_index", "cursor", "segments", "_positions", "_loss_mask", "_provenance")
+    __slots__ = ("input_ids", "labels", "lane", "lane_index", "cursor", "segments", "stage", "_positions", "_loss_mask", "_provenance")
 
     input_ids: np.ndarray
     labels: np.ndarray
@@ -82,12 +87,14 @@ class Batch:
     lane_index: int  # this batch's number within its lane, from 0
     cursor: Cursor  # the lane's position after this batch
     segments: np.ndarray  # [n, 5] int64
+    stage: int  # the curriculum stage its lane stood in when it was delivered (0 for a single-stage mixture)
     _positions: np.ndarray | None
     _loss_mask: np.ndarray | None
     _provenance: tuple[tuple[Segment, ...], ...] | None
 
     def __init__(self, input_ids: np.ndarray, labels: np.ndarray, positions: np.ndarray | None = None,
-                 loss_mask: np.ndarray | None = None, *, lane: int, lane_index: int, cursor: Cursor, segments: np.ndarray) -> None:
+                 loss_mask: np.ndarray | None = None, *, lane: int, lane_index: int, cursor: Cursor, segments: np.ndarray,
+                 stage: int = 0) -> None:
         put = object.__setattr__
         put(self, "input_ids", input_ids)
         put(self, "labels", labels)
@@ -95,6 +102,7 @@ class Batch:
         put(self, "lane_index", lane_index)
         put(self, "cursor", cursor)
         put(self, "segments", segments)
+        put(self, "stage", stage)
         put(self, "_positions", positions)
         put(self, "_loss_mask", loss_mask)
         put(self, "_provenance", None)
@@ -106,7 +114,8 @@ class Batch:
         raise AttributeError(f"Batch is immutable: cannot delete {name!r}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuild, (self.input_ids, self.labels, self.positions, self.loss_mask, self.lane, self.lane_index, self.cursor, self.segments)
+        return _rebuild, (self.input_ids, self.labels, self.positions, self.loss_mask, self.lane, self.lane_index, self.cursor, self.segments,
+                          self.stage)
 
     def __repr__(self) -> str:
         return f"Batch(shape={tuple(self.input_ids.shape)}, lane={self.lane}, lane_index={self.lane_index}, cursor={tuple(self.cursor)})"
@@ -169,5 +178,5 @@ class Batch:
 
 
 def _rebuild(input_ids: np.ndarray, labels: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray, lane: int, lane_index: int,
-             cursor: Cursor, segments: np.ndarray) -> Batch:
-    return Batch(input_ids, labels, positions, loss_mask, lane=lane, lane_index=lane_index, cursor=cursor, segments=segments)
+             cursor: Cursor, segments: np.ndarray, stage: int = 0) -> Batch:
+    return Batch(input_ids, labels, positions, loss_mask, lane=lane, lane_index=lane_index, cursor=cursor, segments=segments, stage=stage)

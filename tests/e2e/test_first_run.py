@@ -21,6 +21,8 @@ import pytest
 from doc_commands import ROOT, after, find
 from harnesses import load
 
+from zephon_core.tools.audit import read_batch_log
+
 pytestmark = pytest.mark.e2e
 tt = load("torchtitan")
 mg = load("megatron")
@@ -36,9 +38,8 @@ def logged_steps(folder: Path, batches_per_step: int, C: int) -> dict[int, dict[
     per_lane = batches_per_step // C
     steps: dict[int, dict[tuple[int, int], str]] = {}
     for f in folder.glob("batches-rank*.log"):
-        for line in f.read_text().splitlines():
-            lane, idx, digest = line.split()
-            steps.setdefault(int(idx) // per_lane + 1, {})[(int(lane), int(idx))] = digest
+        for b in read_batch_log(f):
+            steps.setdefault(b.lane_index // per_lane + 1, {})[(b.lane, b.lane_index)] = b.digest
     return steps
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from harnesses import load
 
+from zephon_core.tools.audit import read_batch_log
+
 harness = load("torchtitan")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,12 +49,7 @@ def batch_log(dump: Path) -> dict[int, dict[tuple[int, int], str]]:
     out: dict[int, dict[tuple[int, int], str]] = {}
     for f in sorted(dump.glob("batches-rank*.log")):
         rank = int(f.stem.split("rank")[1])
-        entries: dict[tuple[int, int], str] = {}
-        for line in f.read_text().split("\n"):
-            if line.strip():
-                lane, idx, digest = line.split()
-                entries[(int(lane), int(idx))] = digest
-        out[rank] = entries
+        out[rank] = {(b.lane, b.lane_index): b.digest for b in read_batch_log(f)}
     return out
 
 

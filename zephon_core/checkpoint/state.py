@@ -2,17 +2,21 @@
 
 A state is plain JSON data (no pickle, nothing executable):
 
-    {"format": "zephon.state", "version": 1,
+    {"format": "zephon.state", "version": 2,
      "fingerprint": sha256 of the canonical JSON of "definition",
      "definition": {...everything that defines the data...},
      "canonical_replicas": C,
      "topology": {"dp_degree": G, "world_size": W, ...},
      "lanes": {"<lane>": {"cursor": [chunk, document, token, delivered_in_window],
-                          "delivered": batches delivered}},
+                          "delivered": batches delivered,
+                          "tally": what the lane delivered (zephon_core.metrics.Tally)}},
      "checksum": sha256 of the canonical JSON of all the other fields}
 
 A per-group state holds the lanes that group owns; merging states takes the
 union of their lanes, and a merged state restores on any topology.
+
+Version 1 states (no ``tally``) are still read: their lanes count what they
+deliver from the restore on (``Tally.since``).
 """
 
 from __future__ import annotations
@@ -25,10 +29,14 @@ from typing import Any
 
 from zephon_core.batch import Cursor
 from zephon_core.errors import StateError
+from zephon_core.metrics import Tally
 from zephon_core.validation import require_int
 
 FORMAT = "zephon.state"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # version 1: lanes without a tally
+_LANE_KEYS = {1: {"cursor", "delivered"}, 2: {"cursor", "delivered", "tally"}}
+_TALLY_COUNTS = ("since", "rows", "padding", "cut")
 _TOP_KEYS = {"format", "version", "fingerprint", "definition", "canonical_replicas", "topology", "lanes", "checksum"}
 
 
@@ -47,10 +55,14 @@ def checksum_of(state: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class LaneState:
-    """One lane's progress: where it stands and how many batches it delivered."""
+    """One lane's progress: where it stands, how many batches it delivered, and what they held.
+
+    ``tally`` is None for a lane read from a version 1 state (nothing counted yet).
+    """
 
     cursor: Cursor
     delivered: int
+    tally: Tally | None = None
 
 
 def _int(value: Any, where: str, minimum: int = 0) -> int:
@@ -71,8 +83,9 @@ def parse_lanes(state: Mapping[str, Any]) -> dict[int, LaneState]:
         raise StateError(f"state has unknown field(s): {', '.join(map(str, extra))}")
     if state["format"] != FORMAT:
         raise StateError(f"state field format must be {FORMAT!r}, got {state['format']!r}")
-    if state["version"] != VERSION:
-        raise StateError(f"state field version {state['version']!r} is not supported (this Zephon reads version {VERSION})")
+    version = state["version"]
+    if version not in READS or isinstance(version, bool):
+        raise StateError(f"state field version {version!r} is not supported (this Zephon reads versions {', '.join(map(str, READS))})")
     if not isinstance(state["definition"], Mapping):
         raise StateError("state field definition must be a dict")
     if not isinstance(state["fingerprint"], str) or state["fingerprint"] != fingerprint_of(state["definition"]):
@@ -88,14 +101,32 @@ def parse_lanes(state: Mapping[str, Any]) -> dict[int, LaneState]:
         where = f"lanes[{key!r}]"
         if not isinstance(key, str) or not key.isdigit() or int(key) >= C:
             raise StateError(f"state field {where}: lane must be a number below canonical_replicas={C}")
-        if not isinstance(value, Mapping) or set(value.keys()) != {"cursor", "delivered"}:
-            raise StateError(f"state field {where} must have exactly the fields cursor and delivered")
+        keys = _LANE_KEYS[version]
+        if not isinstance(value, Mapping) or set(value.keys()) != keys:
+            raise StateError(f"state field {where} must have exactly the fields {' and '.join(sorted(keys))}")
         cur = value["cursor"]
         if not isinstance(cur, list) or len(cur) != 4:
             raise StateError(f"state field {where}.cursor must be a list of 4 integers")
         cursor = Cursor(*(_int(c, f"{where}.cursor[{n}]") for n, c in enumerate(cur)))
-        lanes[int(key)] = LaneState(cursor, _int(value["delivered"], f"{where}.delivered"))
+        tally = _parse_tally(value["tally"], f"{where}.tally") if "tally" in keys else None
+        lanes[int(key)] = LaneState(cursor, _int(value["delivered"], f"{where}.delivered"), tally)
     return lanes
+
+
+def _parse_tally(value: Any, where: str) -> Tally:
+    fields = {*_TALLY_COUNTS, "tokens", "documents"}
+    if not isinstance(value, Mapping) or set(value.keys()) != fields:
+        raise StateError(f"state field {where} must have exactly the fields {', '.join(sorted(fields))}")
+    since, rows, padding, cut = (_int(value[k], f"{where}.{k}") for k in _TALLY_COUNTS)
+    tables = []
+    for name in ("tokens", "documents"):
+        table = value[name]
+        if not isinstance(table, list) or not all(isinstance(row, list) for row in table):
+            raise StateError(f"state field {where}.{name} must be a list (per stage) of lists (per source) of integers")
+        tables.append([[_int(v, f"{where}.{name}[{i}][{s}]") for s, v in enumerate(row)] for i, row in enumerate(table)])
+    if [len(r) for r in tables[0]] != [len(r) for r in tables[1]]:
+        raise StateError(f"state field {where}: tokens and documents must have the same shape")
+    return Tally(since, rows, padding, cut, tables[0], tables[1])
 
 
 def verify_checksum(state: Mapping[str, Any]) -> None:
@@ -120,7 +151,10 @@ def make_state(definition: Mapping[str, Any], C: int, topology: Mapping[str, Any
         "definition": json.loads(canonical_json(definition)),
         "canonical_replicas": C,
         "topology": dict(topology),
-        "lanes": {str(lane): {"cursor": list(ls.cursor), "delivered": ls.delivered} for lane, ls in sorted(lanes.items())},
+        "lanes": {
+            str(lane): {"cursor": list(ls.cursor), "delivered": ls.delivered, "tally": (ls.tally or Tally(since=ls.delivered)).to_json()}
+            for lane, ls in sorted(lanes.items())
+        },
     }
     state["checksum"] = checksum_of(state)
     return state

@@ -165,6 +165,10 @@ class StaticMixture(WorkSource):
             out["order"] = order
         return out
 
+    def stage_shares(self) -> list[tuple[str, list[float]]]:
+        total = math.fsum(self.weights)
+        return [("documents", [w / total for w in self.weights])]
+
     def describe(self) -> list[str]:
         order = f", block_size={self.block_size}, block_window={self.block_window}" if self.block_size and self.shuffle else ""
         lines = [f"StaticMixture(seed={self.seed}, chunk_size={self.chunk_size}, exhausted={self.exhausted!r}{order})"]

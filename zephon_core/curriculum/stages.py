@@ -245,6 +245,20 @@ class StagedMixture(WorkSource):
         """Planned tokens before global chunk ``g`` (None where token counts are not measured)."""
         return self._schedule.planned_tokens(g)
 
+    def stage_names(self) -> list[str]:
+        return [plan.name for plan in self._schedule.plans]
+
+    def stage_starts(self) -> list[int]:
+        return [plan.start_chunk for plan in self._schedule.plans]
+
+    def stage_shares(self) -> list[tuple[str, list[float]]]:
+        out = []
+        for st in self.stages:
+            weights = [float(st.weights.get(s.name, 0)) for s in self.sources]
+            total = math.fsum(weights)
+            out.append((st.weight_by, [w / total for w in weights]))
+        return out
+
     def describe(self) -> list[str]:
         return describe_schedule(self._schedule, self.stages, self.sources, self._header(), self.tokens_per_step)
 

@@ -62,6 +62,24 @@ class WorkSource(ABC):
     def describe(self) -> list[str]:
         """Lines for ``explain()``."""
 
+    # -- the plan as figures (stats, report, plots); one stage unless a curriculum has more --
+    def stage_names(self) -> list[str]:
+        """The name of each stage, in order."""
+        return ["mixture"]
+
+    def stage_starts(self) -> list[int]:
+        """The first global chunk of each stage."""
+        return [0]
+
+    def stage_of(self, g: int) -> int:
+        """The stage global chunk ``g`` belongs to."""
+        starts = self.stage_starts()
+        return int(np.searchsorted(np.asarray(starts), g, side="right")) - 1 if len(starts) > 1 else 0
+
+    def stage_shares(self) -> list[tuple[str, list[float]]]:
+        """Per stage: what its weights share (``"documents"`` or ``"tokens"``) and each source's share (sums to 1)."""
+        return [("documents", [1.0 / len(self.sources)] * len(self.sources))]
+
 
 def interleave(gs: Sequence[int], per_source: Sequence[Sequence[np.ndarray]], seed: int, shuffle: bool) -> dict[int, Chunk]:
     """Chunk ``gs[j]`` from ``per_source[s][j]`` (the documents source ``s`` gives it), interleaved by a

@@ -7,6 +7,7 @@ import numpy as np
 from zephon_core.errors import DataError
 from zephon_core.lane.packing import ConcatPacker, PadPacker, Position, RowBlock
 from zephon_core.lane.reader import PieceReader
+from zephon_core.metrics import COUNTERS
 
 
 class RowFeed:
@@ -87,7 +88,8 @@ class RowFeed:
                 nonempty = np.flatnonzero(np.diff(offsets[j:]) > 0)
                 if len(nonempty) and (nonempty[-1] > 0 or offsets[j + 1] - offsets[j] > t):
                     self._token_chunk = int(piece.chunk[j + nonempty[-1]])
-            block = self._packer.feed(piece, j, t)
+            with COUNTERS.timed("pack_s"):
+                block = self._packer.feed(piece, j, t)
             self._read_pos = self._reader.end_of(key)
             if block is not None:
                 self._blocks.append(block)

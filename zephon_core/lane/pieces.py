@@ -23,6 +23,7 @@ import numpy as np
 from zephon_core.curriculum.work_source import Chunk, WorkSource
 from zephon_core.errors import DataError
 from zephon_core.lane.docops import DROPPED, DocOpRunner
+from zephon_core.metrics import COUNTERS
 from zephon_core.sources.base import distinct, gather_index, read_flat_grouped
 
 # Documents per slice of a lane's first chunk: a batch needs only as many slices as it has documents.
@@ -63,7 +64,8 @@ def _flat_from_sources(work_source: WorkSource, srcs: np.ndarray, docs: np.ndarr
     if len(readers) < len(found):
         return None
     by_source = dict(zip(kinds.tolist(), readers))
-    tokens, lengths = read_flat_grouped(srcs, lambda s, where, room: by_source[s](docs[where], room), headroom)
+    with COUNTERS.timed("read_s"):
+        tokens, lengths = read_flat_grouped(srcs, lambda s, where, room: by_source[s](docs[where], room), headroom)
     return tokens, _offsets(lengths, headroom)
 
 
@@ -78,11 +80,13 @@ def _offsets(lengths: np.ndarray, headroom: int) -> np.ndarray:
 def _flat_from_docs(work_source: WorkSource, srcs: np.ndarray, docnos: np.ndarray, runner: DocOpRunner,
                     headroom: int) -> tuple[np.ndarray, np.ndarray]:
     docs: list[Any] = [None] * len(srcs)
-    for s in distinct(srcs):
-        where = np.flatnonzero(srcs == s)
-        for w, d in zip(where, work_source.sources[int(s)].read(docnos[where].tolist())):
-            docs[int(w)] = d
-    docs = runner.run(docs)
+    with COUNTERS.timed("read_s"):
+        for s in distinct(srcs):
+            where = np.flatnonzero(srcs == s)
+            for w, d in zip(where, work_source.sources[int(s)].read(docnos[where].tolist())):
+                docs[int(w)] = d
+    with COUNTERS.timed("tokenize_s"):
+        docs = runner.run(docs)
     lengths = np.zeros(len(docs), dtype=np.int64)
     arrays = []
     for j, d in enumerate(docs):

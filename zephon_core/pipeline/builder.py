@@ -14,10 +14,12 @@ from zephon_core.checkpoint.state import LaneState, fingerprint_of, make_state, 
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError, StateError
 from zephon_core.lane.ops import BatchOp, DocOp, FilterOp, MapOp, Op, PackOp, ShuffleOp, TokenizeOp
+from zephon_core.metrics import COUNTERS
 from zephon_core.pipeline.engine import Engine, OperatorChain
 from zephon_core.pipeline.options import OPTION_NAMES, Identity, Options, default_pipelines_per_node, resolve_identity
 from zephon_core.pipeline.plan import Plan, render
 from zephon_core.pipeline.resume import Verdict, resume_verdict
+from zephon_core.pipeline.stats import PipelineStats, pipeline_stats
 
 
 class Pipeline:
@@ -47,6 +49,7 @@ class Pipeline:
         self._opts = _options or Options()
         self._identity = resolve_identity(self._opts)
         self._restored: dict[int, LaneState] | None = None
+        self._run_lanes: dict[int, LaneState] | None = None  # every lane of the last merged or restored state
         self._engine: Engine | None = None
         self._aggregator: Any = None
         self._lock = threading.Lock()
@@ -172,6 +175,7 @@ class Pipeline:
         """
         state = self.local_state()
         if self._identity.world_size == 1:
+            self._run_lanes = parse_lanes(state)
             return state
         if self._aggregator is None:
             from zephon_core.checkpoint.aggregate import Aggregator
@@ -181,7 +185,20 @@ class Pipeline:
             self._aggregator = Aggregator(
                 o.aggregate_dir, o.run_id, o.world_size, o.global_rank, float(o.aggregate_timeout_s), dict(o.storage_options or {})
             )
-        return self._aggregator.checkpoint(state)
+        merged: dict[str, Any] = self._aggregator.checkpoint(state)
+        self._run_lanes = parse_lanes(merged)
+        return merged
+
+    def stats(self) -> PipelineStats:
+        """A snapshot of what this pipeline delivered and what it cost (``pipeline.stats``); reads no data.
+
+        Per source: tokens, documents and epochs delivered by this pipeline's lanes and,
+        as of the last ``checkpoint()`` or ``restore()``, by the whole run; each owned
+        lane's stage; padding and truncation of the delivered rows; the process-wide
+        execution counters (``zephon_core.metrics.COUNTER_NAMES``). Cheap enough to call every step.
+        """
+        return pipeline_stats(self.work_source, self._identity.canonical_replicas, self._lane_states(), self._run_lanes,
+                              COUNTERS.snapshot())
 
     def resume_verdict(self, state: Mapping[str, Any]) -> Verdict:
         """Whether ``restore(state)`` accepts this pipeline's data definition, and why (``pipeline.resume``).
@@ -224,6 +241,7 @@ class Pipeline:
         _warn_if_uneven(ident, stacklevel=3)  # the adopted canonical_replicas may not divide this dp_degree
         self._identity = ident
         self._restored = {lane: lanes[lane] for lane in ident.lanes}
+        self._run_lanes = lanes
 
 
 def _warn_if_uneven(ident: Identity, stacklevel: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from zephon_core.lane.assignment import next_lane
 from zephon_core.lane.docops import DocOpRunner
 from zephon_core.lane.ops import BatchOp, DocOp, PackOp, ShuffleOp
 from zephon_core.lane.stream import LaneStream
+from zephon_core.metrics import COUNTERS, Tally
 from zephon_core.pipeline.options import Identity, Options
 
 
@@ -44,11 +46,46 @@ def _stop_engines_at_exit() -> None:
 threading._register_atexit(_stop_engines_at_exit)  # type: ignore[attr-defined]
 
 
+class Ledger:
+    """Per owned lane: the cursor, count and tally of the batches delivered to the caller."""
+
+    def __init__(self, start: Mapping[int, LaneState], work_source: WorkSource, C: int) -> None:
+        self._at = {lane: (st.cursor, st.delivered) for lane, st in start.items()}  # LaneState fields, built when asked
+        self._tallies = {lane: st.tally.copy() if st.tally else Tally(since=st.delivered) for lane, st in start.items()}
+        self._work_source = work_source
+        self._C = C
+        self._n_sources = len(work_source.sources)
+        self._stage_at: dict[int, tuple[int, int]] = {}  # lane -> (lane chunk, its stage): stages change rarely
+
+    def delivered(self) -> dict[int, int]:
+        return {lane: delivered for lane, (_, delivered) in self._at.items()}
+
+    def record(self, b: Batch) -> None:
+        """Count a batch handed to the caller, and mark it with its stage."""
+        self._at[b.lane] = (b.cursor, b.lane_index + 1)
+        stage = self._stage(b.lane, b.cursor)
+        self._tallies[b.lane].add_batch(b.segments, len(b), b.input_ids.shape[1] + 1, stage, self._n_sources)
+        if stage:  # known only now, at delivery: the stream that cut the batch does not track stages
+            object.__setattr__(b, "stage", stage)
+
+    def _stage(self, lane: int, cursor: Cursor) -> int:
+        """The stage of the chunk the lane last read from (a batch counts there)."""
+        k = cursor.last_chunk
+        known = self._stage_at.get(lane)
+        if known is None or known[0] != k:
+            known = (k, self._work_source.stage_of(lane + k * self._C))
+            self._stage_at[lane] = known
+        return known[1]
+
+    def lane_states(self) -> dict[int, LaneState]:
+        return {lane: LaneState(cursor, delivered, self._tallies[lane].copy()) for lane, (cursor, delivered) in self._at.items()}
+
+
 class Engine:
     """Produces a group's batches (in a prefetch thread, with ``prefetch > 0``) and tracks what was delivered.
 
     ``lane_states()`` are the lanes' positions after the last batch *delivered*
-    to the caller: batches produced ahead never count.
+    to the caller, with their tallies: batches produced ahead never count.
     """
 
     _END = object()
@@ -67,7 +104,7 @@ class Engine:
             )
             for lane, st in start.items()
         }
-        self._delivered = {lane: (st.cursor, st.delivered) for lane, st in start.items()}  # LaneState fields, built when asked
+        self._ledger = Ledger(start, work_source, ident.canonical_replicas)
         self._stop = threading.Event()
         self._queue: queue.SimpleQueue[Any] | None = None
         self._gen = self._produce()
@@ -92,7 +129,7 @@ class Engine:
                     return
                 yield b
             return
-        produced = {lane: delivered for lane, (_, delivered) in self._delivered.items()}
+        produced = self._ledger.delivered()
         live = set(self.lanes)
         while not self._stop.is_set():
             lane = next_lane(self.lanes, produced, live)
@@ -130,6 +167,7 @@ class Engine:
         return self
 
     def __next__(self) -> Batch:
+        t0 = time.perf_counter()
         if self._queue is None:
             b = next(self._gen)
         else:
@@ -149,11 +187,12 @@ class Engine:
                 self._queue.put(item)
                 raise item
             b = item
-        self._delivered[b.lane] = (b.cursor, b.lane_index + 1)
+        COUNTERS.add("wait_s", time.perf_counter() - t0)
+        self._ledger.record(b)
         return b
 
     def lane_states(self) -> dict[int, LaneState]:
-        return {lane: LaneState(cursor, delivered) for lane, (cursor, delivered) in self._delivered.items()}
+        return self._ledger.lane_states()
 
     def close(self) -> None:
         self._stop.set()

@@ -31,6 +31,7 @@ import fsspec
 import fsspec.asyn
 
 from zephon_core.errors import DataError
+from zephon_core.metrics import COUNTERS
 
 PAGE_BYTES = 1 << 20
 MAX_REQUEST_PAGES = 16  # one request covers at most 16 MiB
@@ -94,6 +95,9 @@ def fetch_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, 
     last: BaseException | None = None
     url = fs.unstrip_protocol(path)
     for attempt in range(attempts):
+        if attempt:
+            COUNTERS.add("store_retries")
+        COUNTERS.add("store_requests")
         try:
             data, served = _get(fs, path, start, end)
         except FileNotFoundError:
@@ -107,6 +111,7 @@ def fetch_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, 
             last = e
         else:
             check_version(url, expect, served)
+            COUNTERS.add("store_bytes", len(data))
             if len(data) == end - start:
                 return bytes(data)
             last = ShortRead(f"{len(data)} of {end - start} bytes")
@@ -216,6 +221,8 @@ class RemoteBytes:
     def _pages_for(self, wanted: list[int]) -> dict[int, bytes]:
         have = self._pool.get_many(self._owner, wanted)
         missing = [p for p in wanted if p not in have]
+        COUNTERS.add("page_hits", len(have))
+        COUNTERS.add("page_misses", len(missing))
         fetched: dict[int, bytes] = {}
         for run in _runs(missing, MAX_REQUEST_PAGES):
             start, end = run[0] * PAGE_BYTES, min(self.size, (run[-1] + 1) * PAGE_BYTES)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from zephon_core.metrics import COUNTERS
 from zephon_core.sources import index_cache
 
 DEFAULT_MAX_BYTES = 64 << 30
@@ -53,9 +54,10 @@ class ShardCache:
         for _ in range(3):
             try:
                 _touch(path)  # a hit: most recently used
+                COUNTERS.add("shard_cache_hits")
                 return path
             except FileNotFoundError:
-                pass
+                COUNTERS.add("shard_cache_misses")
             self.root.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".bin")
             try:

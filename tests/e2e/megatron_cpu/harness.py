@@ -34,6 +34,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zephon_core.tools.audit import read_batch_log
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 ENTRY = HERE / "cpu_entry.py"
@@ -121,12 +123,7 @@ class RunResult:
         out: dict[int, list[tuple[int, int, str]]] = {}
         for f in sorted(self.run_dir.glob("batches-rank*.log")):
             rank = int(f.stem.split("rank")[1])
-            rows = []
-            for line in f.read_text().splitlines():
-                if line.strip():
-                    lane, idx, digest = line.split()
-                    rows.append((int(lane), int(idx), digest))
-            out[rank] = rows
+            out[rank] = [(b.lane, b.lane_index, b.digest) for b in read_batch_log(f)]
         return out
 
     def steps(self, batches_per_step: int = GBS // MBS, canonical_replicas: int = C,

@@ -91,7 +91,9 @@ def test_checkpoint_counts_only_delivered_batches():
 
 def test_checkpoint_before_iterating_is_the_start():
     state = token_pipeline(dp_degree=2, dp_group_id=0, canonical_replicas=4).checkpoint()
-    assert state["lanes"] == {"0": {"cursor": [0, 0, 0, 0], "delivered": 0}, "1": {"cursor": [0, 0, 0, 0], "delivered": 0}}
+    empty = {"since": 0, "rows": 0, "padding": 0, "cut": 0, "tokens": [], "documents": []}
+    assert state["lanes"] == {"0": {"cursor": [0, 0, 0, 0], "delivered": 0, "tally": empty},
+                              "1": {"cursor": [0, 0, 0, 0], "delivered": 0, "tally": empty}}
     assert state["canonical_replicas"] == 4
     assert state["topology"]["dp_degree"] == 2
 
@@ -110,7 +112,7 @@ def test_state_is_plain_json():
     state = p.checkpoint()
     text = json.dumps(state, allow_nan=False)
     assert json.loads(text) == state
-    assert state["format"] == "zephon.state" and state["version"] == 1
+    assert state["format"] == "zephon.state" and state["version"] == 2
     assert state["fingerprint"] == fingerprint_of(state["definition"])
 
     def plain(v):
@@ -252,7 +254,8 @@ def _mutations():
         ("missing definition", drop("definition"), "definition"),
         ("extra field", setter(["extra_thing"], 1), "extra_thing"),
         ("bad format", setter(["format"], "torch.pickle"), "format"),
-        ("bad version", setter(["version"], 2), "version"),
+        ("bad version", setter(["version"], 3), "version"),
+        ("bool version", setter(["version"], True), "version"),
         ("version type", setter(["version"], "1"), "version"),
         ("C type", setter(["canonical_replicas"], "1"), "canonical_replicas"),
         ("C zero", setter(["canonical_replicas"], 0), "canonical_replicas"),

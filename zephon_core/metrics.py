@@ -1,0 +1,149 @@
+"""Runtime counters: the one seam every stage records into, and a lane's tally of what it delivered.
+
+Two kinds of figures, kept apart on purpose:
+
+* ``COUNTERS`` are process-wide execution figures (seconds spent reading, tokenizing,
+  packing, waiting; object-store requests, bytes, retries; cache hits). Stages add to
+  them through ``COUNTERS.add`` / ``COUNTERS.timed``; nothing reads them back on the data
+  path, so they can never change the data. They are per process, not per pipeline: a
+  training process runs one pipeline (a second one, for validation, adds to the same).
+* A ``Tally`` is what one lane has delivered, per stage and source (tokens, documents,
+  rows, padding, documents cut at a row boundary). It is computed from the delivered
+  batches' segments alone (no data is re-read), travels with the lane in the checkpoint
+  state, and so sums over the lanes of a merged state to the figures of the whole run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Every name COUNTERS keeps, with its meaning (docs/watching.md lists the same names).
+COUNTER_NAMES: dict[str, str] = {
+    "wait_s": "seconds the consumer waited inside next() for a batch",
+    "read_s": "seconds spent reading documents from sources (all threads)",
+    "tokenize_s": "seconds spent in per-document operators: tokenize, map, filter (all threads)",
+    "pack_s": "seconds spent packing documents into rows (all threads)",
+    "store_requests": "object-store range requests made (each attempt counts)",
+    "store_bytes": "bytes received from the object store",
+    "store_retries": "object-store requests that failed and were tried again",
+    "page_hits": "object-store pages served from the process's page pool",
+    "page_misses": "object-store pages that had to be fetched",
+    "shard_cache_hits": "whole-shard cache entries found on local disk",
+    "shard_cache_misses": "whole-shard cache entries that had to be made",
+}
+
+
+class Counters:
+    """Process-wide execution counters (``COUNTER_NAMES``), safe to add to from any thread."""
+
+    def __init__(self) -> None:
+        self._values = dict.fromkeys(COUNTER_NAMES, 0.0)
+        self._lock = threading.Lock()
+
+    def add(self, name: str, amount: float = 1.0) -> None:
+        with self._lock:
+            self._values[name] += amount
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Adds the seconds the ``with`` block took to ``name``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._values)
+
+
+COUNTERS = Counters()
+
+
+@dataclass
+class Tally:
+    """What one lane delivered, counted from the segments of its delivered batches.
+
+    ``tokens[i][s]`` / ``documents[i][s]``: tokens and documents of source ``s``
+    delivered while the lane stood in stage ``i`` (a document counts once, in the
+    row that holds its first token). ``rows`` packed rows of ``width`` tokens hold
+    ``padding`` pad tokens; ``cut`` counts the row stretches that continue a document
+    from an earlier row (its later tokens cannot attend to the earlier ones).
+    ``since`` is the lane's delivered-batch count when counting began: 0 for a
+    lane counted from the start of the run, more for a lane restored from a state
+    written before states carried tallies.
+    """
+
+    since: int = 0
+    rows: int = 0
+    padding: int = 0
+    cut: int = 0
+    tokens: list[list[int]] = field(default_factory=list)
+    documents: list[list[int]] = field(default_factory=list)
+
+    def _fit(self, n_stages: int, n_sources: int) -> None:
+        """Grow the tables to at least ``n_stages`` x ``n_sources`` (stages and sources can be appended to a run)."""
+        while len(self.tokens) < n_stages:
+            self.tokens.append([])
+            self.documents.append([])
+        for table in (self.tokens, self.documents):
+            for row in table:
+                if len(row) < n_sources:
+                    row.extend([0] * (n_sources - len(row)))
+
+    def add_batch(self, segments: np.ndarray, n_rows: int, width: int, stage: int, n_sources: int) -> None:
+        """Count one delivered batch: ``segments`` rows are ``(row, source, document, start, stop)``."""
+        self._fit(stage + 1, n_sources)
+        src, start = segments[:, 1], segments[:, 3]
+        lengths = segments[:, 4] - start
+        firsts = start == 0
+        by_tokens = np.bincount(src, weights=lengths, minlength=n_sources)
+        by_docs = np.bincount(src[firsts], minlength=n_sources)
+        tok, doc = self.tokens[stage], self.documents[stage]
+        for s in np.flatnonzero(by_tokens + by_docs).tolist():
+            tok[s] += int(by_tokens[s])
+            doc[s] += int(by_docs[s])
+        self.rows += n_rows
+        self.padding += n_rows * width - int(lengths.sum())
+        self.cut += len(start) - int(firsts.sum())
+
+    def add(self, other: Tally) -> None:
+        """Add another lane's figures (``since`` becomes the larger: counting is complete only from 0)."""
+        self._fit(len(other.tokens), max((len(r) for r in other.tokens), default=0))
+        self.since = max(self.since, other.since)
+        self.rows += other.rows
+        self.padding += other.padding
+        self.cut += other.cut
+        for table, theirs in ((self.tokens, other.tokens), (self.documents, other.documents)):
+            for mine, row in zip(table, theirs):
+                for s, v in enumerate(row):
+                    mine[s] += v
+
+    def total_tokens(self) -> int:
+        return sum(map(sum, self.tokens))
+
+    def to_json(self) -> dict[str, object]:
+        return {"since": self.since, "rows": self.rows, "padding": self.padding, "cut": self.cut,
+                "tokens": [list(r) for r in self.tokens], "documents": [list(r) for r in self.documents]}
+
+    def copy(self) -> Tally:
+        return Tally(self.since, self.rows, self.padding, self.cut, [list(r) for r in self.tokens],
+                     [list(r) for r in self.documents])
+
+
+def sum_tallies(tallies: Iterable[Tally | None], n_stages: int = 0, n_sources: int = 0) -> Tally:
+    """The figures of several lanes together, as tables of at least ``n_stages`` x ``n_sources``."""
+    out = Tally()
+    out._fit(n_stages, n_sources)
+    for t in tallies:
+        if t is not None:
+            out.add(t)
+    out._fit(n_stages, max((len(r) for r in out.tokens), default=n_sources))
+    return out
