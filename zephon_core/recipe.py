@@ -62,18 +62,16 @@ from zephon_core.lane.docops import token_counter
 from zephon_core.lane.ops import PACK_MODES, RUNNERS
 from zephon_core.lane.tokenizer_file import load_tokenizer
 from zephon_core.pipeline import Pipeline
-from zephon_core.sources import JsonlSource, MegatronIndexedSource, ParquetSource, Source, TokenArraySource
+from zephon_core.sources import Source
+from zephon_core.sources.registry import DEFAULT_FORMAT, FileSource, SourceArgs, source_format
 from zephon_core.validation import require_choice, require_int, require_positive_number
-
-TEXT_FORMATS = ("jsonl", "parquet")
-TOKEN_FORMATS = ("token_array", "megatron")
 
 
 @dataclass
 class SourceSpec:
     path: Optional[str] = None
     paths: Optional[list[str]] = None
-    format: str = "jsonl"
+    format: str = DEFAULT_FORMAT  # a registered format (sources/registry.py)
     weight: float = 1.0
     text_field: str = "text"
     offsets: Optional[str] = None  # token_array: the .npy of document offsets
@@ -161,14 +159,12 @@ class Recipe:
                 raise self._err(f"sources[{n}].path", "give either path (a file, a glob or a folder) or paths (a list of them)")
             if src.paths is not None and not src.paths:
                 raise self._err(f"sources[{n}].paths", "must list at least one path")
-            if src.paths is not None and src.format == "token_array":
-                raise self._err(f"sources[{n}].paths", "a token_array source is one .npy pair; use path and offsets")
-            if src.format not in TEXT_FORMATS + TOKEN_FORMATS:
-                raise self._err(f"sources[{n}].format", f"unknown format {src.format!r}; use one of {TEXT_FORMATS + TOKEN_FORMATS}")
+            fmt = self._format(n)
+            problem = fmt.check_args(self._args(n))
+            if problem is not None:
+                raise self._err(f"sources[{n}].{problem[0]}", problem[1])
             require_positive_number(src.weight, f"{self.path}: sources[{n}].weight")
-            if src.format == "token_array" and not src.offsets:
-                raise self._err(f"sources[{n}].offsets", "a token_array source needs the .npy file of document offsets")
-            kinds.add("text" if src.format in TEXT_FORMATS else "tokens")
+            kinds.add(fmt.pretokenized)
         if len(kinds) > 1:
             raise self._err("sources", "mixes text and pretokenized sources; use one kind per recipe")
         self._check_stages()
@@ -214,7 +210,18 @@ class Recipe:
 
     @property
     def pretokenized(self) -> bool:
-        return self.spec.sources[0].format in TOKEN_FORMATS
+        return self._format(0).pretokenized
+
+    def _format(self, n: int) -> type[FileSource]:
+        return source_format(self.spec.sources[n].format, f"{self.path}: sources[{n}].format")
+
+    def _args(self, n: int, resolve: bool = False) -> SourceArgs:
+        """Source ``n`` as its format takes it; ``resolve``: with its paths resolved from the recipe's folder."""
+        src = self.spec.sources[n]
+        at = self.resolve if resolve else str
+        path = [at(p) for p in src.paths] if src.paths is not None else at(src.path or "")
+        offsets = at(src.offsets) if src.offsets else None
+        return SourceArgs(path, name=src.name, text_field=src.text_field, offsets=offsets)
 
     def resolve(self, p: str) -> str:
         """A recipe path: URLs and absolute paths as they are, others from the recipe's folder."""
@@ -224,29 +231,13 @@ class Recipe:
 
     def sources(self) -> list[Source]:
         out: list[Source] = []
-        for n, src in enumerate(self.spec.sources):
-            path: str | list[str] = [self.resolve(p) for p in src.paths] if src.paths is not None else self.resolve(src.path or "")
-            if isinstance(path, str):
-                self._require_written(n, src, path)
-            if src.format == "jsonl":
-                out.append(JsonlSource(path, src.text_field, name=src.name))
-            elif src.format == "parquet":
-                out.append(ParquetSource(path, src.text_field, name=src.name))
-            elif src.format == "token_array":
-                assert isinstance(path, str)
-                out.append(TokenArraySource(path, self.resolve(src.offsets or ""), name=src.name))
-            else:
-                out.append(MegatronIndexedSource(path, name=src.name))
+        for n in range(len(self.spec.sources)):
+            fmt, args = self._format(n), self._args(n, resolve=True)
+            missing = fmt.explain_missing(args.path) if isinstance(args.path, str) else None
+            if missing is not None:
+                raise self._err(f"sources[{n}].path", missing)
+            out.append(fmt.from_args(args))
         return out
-
-    def _require_written(self, n: int, src: SourceSpec, path: str) -> None:
-        """A Megatron prefix whose files do not exist yet: say how they are made, not just that they cannot be read."""
-        if src.format == "megatron" and "://" not in path and not set("*?[") & set(path) and not os.path.exists(path + ".idx") \
-                and not os.path.isdir(path):
-            raise self._err(
-                f"sources[{n}].path", f"no Megatron indexed dataset at {path} (.bin/.idx); write it first with Megatron-LM's "
-                "tools/preprocess_data.py (for the bundled corpus: python configs/megatron/make_indexed_corpus.py)"
-            )
 
     def work_source(self, seq_len: int | None = None, counter: TokenCounter | None = None) -> WorkSource:
         """The curriculum: a ``StaticMixture``, or a ``StagedMixture`` for ``[[stages]]`` or ``weight_by = "tokens"``.

@@ -13,14 +13,13 @@ that a wrapper can count them (``bench/fsops.py``).
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 
-from zephon_core.checkpoint.names import TMP_PREFIX
 from zephon_core.errors import AggregationError
+from zephon_core.sources.atomic import LocalFiles, write_atomically
 from zephon_core.sources.base import is_local
 
 
@@ -52,19 +51,13 @@ class Pacing:
         return Pacing(0.005, 0.05, 2.0, 20000.0, 1.0, 0.02, 0.00025, 0.1) if local else Pacing(0.02, 0.1, 5.0, 3000.0, 2.0, 0.1, 0.0003, 0.5)
 
 
-class LocalIO:
+class LocalIO(LocalFiles):
     """A local or mounted shared filesystem; each method is one operation."""
-
-    def create(self, folder: str) -> tuple[int, str]:
-        return tempfile.mkstemp(dir=folder, prefix=TMP_PREFIX)
 
     def write(self, path: str, data: bytes) -> None:
         # os.open + fdopen (not open()): one open of the file, for writing; 0o644 as every published file
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "wb") as f:
             f.write(data)
-
-    def rename(self, src: str, dst: str) -> None:
-        os.replace(src, dst)
 
     def read(self, path: str) -> bytes | None:
         try:
@@ -78,12 +71,6 @@ class LocalIO:
             return os.listdir(path)
         except FileNotFoundError:
             return []
-
-    def delete(self, path: str) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
 
 
 class StoreIO:
@@ -147,20 +134,11 @@ class AggregateFolder:
         """Publish ``data`` as ``name`` at once: a reader sees the old file, no file, or all of ``data``."""
         target = self.file(name)
         try:
-            if not self.local:
+            if self.local:
+                # Through self.io, so that each create, rename and delete is one counted operation.
+                write_atomically(target, lambda f: f.write(data), self.io)
+            else:
                 self.io.put(target, data)
-                return
-            fd, tmp = self.io.create(self.path)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    # No fsync: a reader on any node sees the bytes once renamed; after a power loss a
-                    # file may be empty, which every reader rejects as it rejects any foreign file.
-                    f.write(data)
-                    os.fchmod(f.fileno(), 0o644)
-                self.io.rename(tmp, target)
-            except BaseException:
-                self.io.delete(tmp)
-                raise
         except OSError as e:
             raise AggregationError(f"cannot write {target}: {e}") from None
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 import re
 import uuid
 
+from zephon_core.sources import atomic
+
 ROUND_FILE = "round.json"
-TMP_PREFIX = ".tmp-"
+TMP_PREFIX = atomic.TMP_PREFIX  # what atomic.write_atomically names a write in flight
 _TOKEN = re.compile(r"[0-9a-f]{32}")
 _PART = re.compile(r"part-(0|[1-9][0-9]*)\.json")
 _MERGED = re.compile(r"merged-([0-9a-f]{32})\.json")

@@ -1,9 +1,11 @@
-"""Random-access document sources."""
+"""Random-access document sources; importing this package registers the bundled formats (``registry``)."""
 
 from zephon_core.sources.base import Source
 from zephon_core.sources.jsonl import JsonlSource
 from zephon_core.sources.memory import MemorySource
 from zephon_core.sources.parquet import ParquetSource
+from zephon_core.sources.registry import FileSource, SourceArgs, register_format
 from zephon_core.sources.tokens import MegatronIndexedSource, TokenArraySource
 
-__all__ = ["Source", "JsonlSource", "MemorySource", "ParquetSource", "TokenArraySource", "MegatronIndexedSource"]
+__all__ = ["Source", "FileSource", "SourceArgs", "register_format", "JsonlSource", "MemorySource", "ParquetSource",
+           "TokenArraySource", "MegatronIndexedSource"]

@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
+
+from zephon_core.sources.atomic import write_atomically
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
@@ -49,14 +50,10 @@ def store(path: Path, fingerprint: dict[str, Any], arrays: dict[str, np.ndarray]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fp = np.frombuffer(json.dumps(fingerprint, sort_keys=True).encode(), dtype=np.uint8)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, fingerprint=fp, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its bool flag
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+
+        def write(f: IO[bytes]) -> None:
+            np.savez(f, fingerprint=fp, **arrays)  # type: ignore[arg-type]  # numpy's stub: **kwds typed as its flag
+
+        write_atomically(path, write)
     except OSError:
         pass

@@ -21,6 +21,7 @@ from zephon_core.sources import index_cache, manifest
 from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs, sample_digest
 from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
+from zephon_core.sources.registry import SourceArgs, register_format
 from zephon_core.sources.remote import LocalBytes, RemoteBytes, ScanStream, Version, fetch_object, fetch_range, iter_bytes
 from zephon_core.sources.shard_cache import ShardCache
 from zephon_core.sources.sharded import ShardedSource
@@ -72,7 +73,7 @@ class JsonlFile(Source):
             sample = {"size": len(whole), "sample_blake2b": sample_digest(whole)}
         else:
             sample = content_fingerprint(self._fs, self._fspath)
-        self._fingerprint: dict[str, Any] = {"kind": "jsonl", "text_field": text_field, **sample}
+        self._fingerprint: dict[str, Any] = {"kind": JsonlSource.kind, "text_field": text_field, **sample}
         self._bytes = self._byte_reader(access, stat)
         arrays = self._index(access, index, stat, whole)
         self._starts, self._lengths, self._lines = arrays["starts"], arrays["lengths"], arrays["lines"]
@@ -232,6 +233,7 @@ class JsonlFile(Source):
         return dict(self._fingerprint)
 
 
+@register_format
 class JsonlSource(ShardedSource):
     """JSON Lines documents from one file, a glob (``"data/*.jsonl.gz"``), a folder (its ``.jsonl``,
     ``.jsonl.gz`` and ``.jsonl.zst`` files, recursively) or a list of them; files in sorted order.
@@ -243,8 +245,10 @@ class JsonlSource(ShardedSource):
     threads and the indexes are cached. See docs/sources_at_scale.md.
     """
 
+    format_name = "jsonl"
     kind = "jsonl"
     suffixes = SUFFIXES
+    pretokenized = False
 
     def __init__(self, path: str | Sequence[str], text_field: str | None = "text", *, name: str | None = None,
                  cache_dir: str | None = None, storage_options: dict[str, Any] | None = None, attempts: int = 5,
@@ -252,6 +256,10 @@ class JsonlSource(ShardedSource):
         self.text_field = text_field
         access = access or Access(attempts, None if cache_dir is None else str(cache_dir), cache_bytes, local_copy, use_manifest)
         self._init_files(path, name, storage_options, access)
+
+    @classmethod
+    def from_args(cls, args: SourceArgs) -> JsonlSource:
+        return cls(args.path, args.text_field, name=args.name, storage_options=args.storage_options, access=args.access)
 
     def manifest_options(self) -> dict[str, Any]:
         return {"text_field": self.text_field}

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +25,8 @@ import fsspec
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.sources.base import content_fingerprint, is_local
+from zephon_core.sources.atomic import put_atomically
+from zephon_core.sources.base import content_fingerprint
 from zephon_core.sources.files import INDEX_DIR, MANIFEST, FileSet, FileStat, manifest_scope
 from zephon_core.sources.remote import serves_versions
 
@@ -62,29 +61,16 @@ def _join(root: str, name: str) -> str:
     return f"{root.rstrip('/')}/{name}" if root else name
 
 
-def _write_bytes(files: FileSet, path: str, data: bytes) -> None:
-    if is_local(files.fs):
-        folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)  # readers see the old manifest or the new one, never half of one
-    else:
-        files.fs.pipe_file(path, data)  # one PUT: atomic on an object store
-
-
 def write_manifest(files: FileSet, kind: str, options: Mapping[str, Any], metas: Sequence[ShardMeta],
                    indexes: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> str:
     """Write the manifest (and each file's index arrays) into the source's root; returns the manifest's URL."""
     for name, arrays in (indexes or {}).items():
         buf = io.BytesIO()
         np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its bool flag
-        _write_bytes(files, _join(files.root, f"{INDEX_DIR}/{name}.npz"), buf.getvalue())
+        put_atomically(files.fs, _join(files.root, f"{INDEX_DIR}/{name}.npz"), buf.getvalue())
     body = {"format": FORMAT, "version": VERSION, "kind": kind, "options": dict(options), "files": [m.to_json() for m in metas]}
     path = _join(files.root, MANIFEST)
-    _write_bytes(files, path, json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    put_atomically(files.fs, path, json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
     return str(files.fs.unstrip_protocol(path))
 
 

@@ -14,6 +14,7 @@ from zephon_core.errors import DataError
 from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs
 from zephon_core.sources.files import Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
+from zephon_core.sources.registry import SourceArgs, register_format
 from zephon_core.sources.remote import Version, check_version
 from zephon_core.sources.sharded import ShardedSource
 
@@ -32,7 +33,7 @@ class ParquetFile(Source):
         self.name = name or default_name(self.path)
         self._fs, self._fspath = open_fs(self.path, storage_options)
         sample: dict[str, Any] = {"size": known.size, "sample_blake2b": known.sample_blake2b} if known else content_fingerprint(self._fs, self._fspath)
-        self._fingerprint = {"kind": "parquet", "text_field": text_field, **sample}
+        self._fingerprint = {"kind": ParquetSource.kind, "text_field": text_field, **sample}
         self._attempts = attempts
         self._expect = Version(int(sample["size"]), etag) if etag else None
         try:
@@ -115,6 +116,7 @@ class ParquetFile(Source):
         return dict(self._fingerprint)
 
 
+@register_format
 class ParquetSource(ShardedSource):
     """Parquet rows from one file, a glob (``"s3://bucket/fineweb/*.parquet"``), a folder (its
     ``.parquet`` files, recursively) or a list of them; files in sorted order.
@@ -124,14 +126,20 @@ class ParquetSource(ShardedSource):
     16 threads. See docs/sources_at_scale.md.
     """
 
+    format_name = "parquet"
     kind = "parquet"
     suffixes = (".parquet",)
+    pretokenized = False
 
     def __init__(self, path: str | Sequence[str], text_field: str = "text", *, name: str | None = None,
                  storage_options: dict[str, Any] | None = None, attempts: int = 5, use_manifest: bool = True,
                  access: Access | None = None) -> None:
         self.text_field = text_field
         self._init_files(path, name, storage_options, access or Access(attempts=attempts, manifest=use_manifest))
+
+    @classmethod
+    def from_args(cls, args: SourceArgs) -> ParquetSource:
+        return cls(args.path, args.text_field, name=args.name, storage_options=args.storage_options, access=args.access)
 
     def manifest_options(self) -> dict[str, Any]:
         return {"text_field": self.text_field}

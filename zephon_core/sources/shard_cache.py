@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import IO
 
 from zephon_core.metrics import COUNTERS
 from zephon_core.sources import index_cache
+from zephon_core.sources.atomic import write_atomically
 
 DEFAULT_MAX_BYTES = 64 << 30
 ENV_MAX_BYTES = "ZEPHON_SHARD_CACHE_BYTES"
@@ -32,10 +32,16 @@ def default_max_bytes() -> int:
         return DEFAULT_MAX_BYTES
 
 
-def _touch(path: os.PathLike[str] | str) -> None:
+def _touch(path: os.PathLike[str] | str | int) -> None:
     # An explicit time: a file system's own timestamps can be too coarse to order quick uses.
     now = time.time_ns()
     os.utime(path, ns=(now, now))
+
+
+def _write_entry(f: IO[bytes], make: Callable[[IO[bytes]], None]) -> None:
+    make(f)
+    f.flush()
+    _touch(f.fileno())  # the entry's use time, set before it is renamed into place
 
 
 class ShardCache:
@@ -59,17 +65,7 @@ class ShardCache:
             except FileNotFoundError:
                 COUNTERS.add("shard_cache_misses")
             self.root.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".bin")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    make(f)
-                os.chmod(tmp, 0o644)
-                _touch(tmp)
-                os.replace(tmp, path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+            write_atomically(path, lambda f: _write_entry(f, make))
             self._evict(keep=path)
             if path.exists():
                 return path

@@ -23,6 +23,7 @@ from zephon_core.sources import manifest
 from zephon_core.sources.base import Source, default_name, distinct, read_flat_grouped
 from zephon_core.sources.files import Access, FileStat, list_files
 from zephon_core.sources.manifest import ShardMeta
+from zephon_core.sources.registry import FileSource
 
 BUCKETS = 64
 SCAN_THREADS = 16
@@ -59,23 +60,24 @@ def scan_in_parallel(count: int, scan: Callable[[int], Any], progress: Callable[
     return results
 
 
-class ShardedSource(Source):
-    """Documents of one or many files end to end, in sorted file order.
+class ShardedSource(FileSource):
+    """Documents of one or many files end to end, in sorted file order; ``zephon index`` writes their manifest.
 
-    A format subclass sets ``kind`` and ``suffixes`` and defines
-    ``open_file(url, meta, single)`` (one file as a single-file source, ``meta``
-    from a manifest when there is one) and ``manifest_options()`` (its settings
-    that a manifest must have been built with).
+    A format subclass sets what a ``FileSource`` declares and defines ``open_file(url, meta, single)``
+    (one file as a single-file source, ``meta`` from a manifest when there is one),
+    ``manifest_options()`` (its settings that a manifest must have been built with)
+    and ``index_arrays(f)`` where a manifest stores a file's document offsets.
     """
-
-    kind: str
-    suffixes: tuple[str, ...]
 
     def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> Source:
         raise NotImplementedError
 
     def manifest_options(self) -> dict[str, Any]:
         return {}
+
+    def index_arrays(self, f: int) -> dict[str, np.ndarray] | None:
+        """File ``f``'s index arrays that the manifest keeps next to it (None: the format needs none)."""
+        return None
 
     @classmethod
     def file_specs(cls, path: str | Sequence[str]) -> str | Sequence[str]:

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.errors import DataError
+from zephon_core.errors import ConfigError, DataError
 from zephon_core.sources.base import Source, content_fingerprint, default_name, gather_index, is_local, open_fs
 from zephon_core.sources.files import Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
+from zephon_core.sources.registry import FileSource, SourceArgs, register_format
 from zephon_core.sources.sharded import FlatShardedSource
 
 
@@ -69,13 +70,35 @@ def _split(tokens: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
     return np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []
 
 
-class TokenArraySource(Source):
+@register_format
+class TokenArraySource(FileSource):
     """Documents as slices of one token array.
 
     ``tokens`` is a ``.npy`` file (or array) of integer token ids and
     ``offsets`` a ``.npy`` file (or array) of ``n_documents + 1`` ascending
     positions into it: document ``d`` is ``tokens[offsets[d]:offsets[d+1]]``.
     """
+
+    format_name = "token_array"
+    kind = "token_array"
+    suffixes = (".npy",)
+    pretokenized = True
+
+    @classmethod
+    def check_args(cls, args: SourceArgs) -> tuple[str, str] | None:
+        if not isinstance(args.path, str):
+            return "paths", "a token_array source is one .npy pair; use path and offsets"
+        if not args.offsets:
+            return "offsets", "a token_array source needs the .npy file of document offsets"
+        return None
+
+    @classmethod
+    def from_args(cls, args: SourceArgs) -> TokenArraySource:
+        problem = cls.check_args(args)
+        if problem is not None:
+            raise ConfigError(f"{problem[0]}: {problem[1]}")
+        assert isinstance(args.path, str) and args.offsets is not None
+        return cls(args.path, args.offsets, name=args.name)
 
     def __init__(self, tokens: str | np.ndarray, offsets: str | np.ndarray, *, name: str | None = None) -> None:
         self.name = name or (default_name(tokens) if isinstance(tokens, str) else "tokens")
@@ -126,7 +149,7 @@ class TokenArraySource(Source):
             import hashlib
 
             parts = [{"blake2b": hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).hexdigest()} for a in (self._tokens, self._offsets)]
-        return {"kind": "token_array", "dtype": str(self._tokens.dtype), "tokens": parts[0], "offsets": parts[1]}
+        return {"kind": self.kind, "dtype": str(self._tokens.dtype), "tokens": parts[0], "offsets": parts[1]}
 
 
 # The Megatron indexed-dataset layout (megatron.core.datasets.indexed_dataset):
@@ -154,7 +177,7 @@ class MegatronIndexedFile(Source):
         if not allow_empty:
             self._require_nonempty(self.prefix)
         self._fingerprint = {
-            "kind": "megatron_indexed",
+            "kind": MegatronIndexedSource.kind,
             "dtype": str(self._dtype),
             "idx": content_fingerprint(*open_fs(self._idx_path)),
             "bin": content_fingerprint(*open_fs(self._bin_path)),
@@ -242,6 +265,7 @@ def _prefix_spec(spec: str) -> str:
     return spec if spec.endswith(".idx") or ("*" not in spec and fs.isdir(inner)) else spec + ".idx"
 
 
+@register_format
 class MegatronIndexedSource(FlatShardedSource):
     """Megatron ``.bin``/``.idx`` datasets: one prefix, a glob of prefixes, a folder (its ``.idx``
     files, recursively) or a list of prefixes, in sorted order (``["a_text_document", "b_text_document"]``).
@@ -250,8 +274,22 @@ class MegatronIndexedSource(FlatShardedSource):
     single-dataset fingerprint.
     """
 
+    format_name = "megatron"
     kind = "megatron_indexed"
     suffixes = (".idx",)
+    path_endings = ("_document",)  # preprocess_data.py's prefixes: <name>_<key>_document
+    pretokenized = True
+
+    @classmethod
+    def from_args(cls, args: SourceArgs) -> MegatronIndexedSource:
+        return cls(args.path, name=args.name, access=args.access)
+
+    @classmethod
+    def explain_missing(cls, path: str) -> str | None:
+        if "://" in path or set("*?[") & set(path) or os.path.exists(path + ".idx") or os.path.isdir(path):
+            return None
+        return (f"no Megatron indexed dataset at {path} (.bin/.idx); write it first with Megatron-LM's "
+                "tools/preprocess_data.py (for the bundled corpus: python configs/megatron/make_indexed_corpus.py)")
 
     @classmethod
     def file_specs(cls, path: str | Sequence[str]) -> str | Sequence[str]:
