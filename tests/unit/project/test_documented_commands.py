@@ -94,7 +94,7 @@ def run(cmd: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProces
 
 
 def test_project_is_installed_in_its_environment():
-    """Without PYTHONPATH, the environment's python imports this clone (scripts/env.sh installs it editable)."""
+    """Without PYTHONPATH, the environment's python imports this clone (scripts/env.sh installs it editable in this clone's venv)."""
     r = run("python -c 'import zephon_core, zephon_torchtitan, zephon_megatron; print(zephon_core.__file__)'; command -v zephon", Path("/"))
     assert r.returncode == 0, r.stderr
     where, script = r.stdout.split()
