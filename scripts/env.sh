@@ -19,8 +19,8 @@
 #
 # Either works from any directory. Each part is built under a lock and marked complete last,
 # so a build that failed or was interrupted is redone on the next run; this clone's venv is
-# rebuilt when the shared one, the clone's path or its packaging (pyproject.toml, setup.py)
-# changes. Sourcing leaves the caller's shell options as they were.
+# rebuilt when the shared one, the clone's path, its packaging (pyproject.toml, setup.py) or
+# this script changes. Sourcing leaves the caller's shell options as they were.
 
 _zephon_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -57,7 +57,8 @@ _zephon_build_shared() {  # _zephon_build_shared PY VENV TT022
   "$py" -m venv "$venv" \
     && "$venv/bin/python" -m pip install --quiet --upgrade pip \
     && "$venv/bin/python" -m pip install --quiet -r "$_zephon_root/requirements/env.txt" \
-    && "$venv/bin/python" -m pip install --quiet --no-deps --target "$tt022" -r "$_zephon_root/requirements/torchtitan-0.2.txt" \
+    && "$venv/bin/python" -m pip install --quiet --no-deps --target "$tt022" \
+      -r "$_zephon_root/requirements/torchtitan-0.2.txt" \
     || { echo "zephon: building the environment failed" >&2; return 1; }
 }
 
@@ -98,8 +99,8 @@ PY
     IFS= read -r line <"$f" 2>/dev/null || line=""
     if [[ "$line" == "#!$shared/bin/python"* ]]; then
       # The form pip writes for a long python path: a shell line that re-runs the file in it.
-      { echo '#!/bin/sh'; echo "'''exec' \"$venv/bin/python\" \"\$0\" \"\$@\""; echo "' '''"; tail -n +2 "$f"; } >"$venv/bin/$name" \
-        && chmod +x "$venv/bin/$name" || return 1
+      { echo '#!/bin/sh'; echo "'''exec' \"$venv/bin/python\" \"\$0\" \"\$@\""; echo "' '''"; tail -n +2 "$f"; } \
+        >"$venv/bin/$name" && chmod +x "$venv/bin/$name" || return 1
     else
       ln -s "$f" "$venv/bin/$name" || return 1
     fi
@@ -128,7 +129,7 @@ _zephon_build_env() {
   tt022="$shared/torchtitan-0.2.2"
   _zephon_once "$home/.lock-$key" "$shared/.complete" "" _zephon_build_shared "$py" "$shared" "$tt022" || return 1
   venv="$_zephon_root/.zephon-env/venv"
-  stamp="$shared $_zephon_root $(cat "$_zephon_root/pyproject.toml" "$_zephon_root/setup.py" | sha256sum | cut -c1-16)"
+  stamp="$shared $_zephon_root $(cd "$_zephon_root" && cat pyproject.toml setup.py scripts/env.sh | sha256sum | cut -c1-16)"
   _zephon_once "$_zephon_root/.zephon-env/lock" "$venv/.complete" "$stamp" _zephon_build_clone_venv "$shared" "$venv" \
     || return 1
   export ZEPHON_VENV="$venv" ZEPHON_PY="$venv/bin/python" ZEPHON_SHARED_VENV="$shared" ZEPHON_TT022="$tt022"

@@ -40,8 +40,8 @@ def _bash(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def _assert_runs_its_own(clone: Path, cwd: Path) -> None:
     """`source <clone>/scripts/env.sh` (from ``cwd``) runs that clone's python, commands, packages and readers."""
-    r = _bash(f"source {clone}/scripts/env.sh && command -v python zephon torchrun && sed -n 2p \"$(command -v torchrun)\""
-              f" && python -c '{PROBE}'", cwd)
+    r = _bash(f"source {clone}/scripts/env.sh && command -v python zephon torchrun"
+              f" && sed -n 2p \"$(command -v torchrun)\" && python -c '{PROBE}'", cwd)
     assert r.returncode == 0, r.stdout + r.stderr
     python, zephon, torchrun, torchrun_runs, *files = r.stdout.splitlines()
     assert python == str(clone / ".zephon-env" / "venv" / "bin" / "python"), r.stdout
@@ -64,8 +64,8 @@ def test_two_clones_never_re_point_each_other(tmp_path):
     (clone / "setup.py").write_text(setup)
 
     # Two at once, from outside the clone: one builds, the other waits for it.
-    runs = [subprocess.Popen(["bash", str(clone / "scripts" / "env.sh")], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    runs = [subprocess.Popen(["bash", str(clone / "scripts" / "env.sh")], cwd=tmp_path, env=_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for p in runs:
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0 and out.strip() == str(venv), out + err
@@ -73,7 +73,8 @@ def test_two_clones_never_re_point_each_other(tmp_path):
     _assert_runs_its_own(clone, tmp_path)
     _assert_runs_its_own(ROOT, tmp_path)
     # This process's own interpreter (what scripts/test.sh runs) too, without PYTHONPATH.
-    r = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0 and all(Path(p).is_relative_to(ROOT) for p in r.stdout.split()), r.stdout + r.stderr
 
     # The shared venv was only read: nothing in it names the second clone.
