@@ -3,6 +3,10 @@
 #
 #   bash scripts/test.sh                      # everything: lint and type check, the serial suite
 #                                             # (unit, property, reliability, e2e) and the MPI matrix
+#   bash scripts/test.sh --fast               # the inner loop: lint and the serial suite without the
+#                                             # e2e tests (those marked e2e: every torchrun training
+#                                             # launch) and without the MPI matrix; pytest options may
+#                                             # follow (--fast -x, --fast -k restore)
 #   bash scripts/test.sh tests/unit/core      # only this pytest selection (any pytest arguments:
 #   bash scripts/test.sh -k restore -x        # paths, -k, -m, -x ...); no lint, no MPI matrix
 #   bash scripts/test.sh --lint --mpi tests/unit/core   # a selection plus lint and the matrix
@@ -16,13 +20,14 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-lint=1 mpi=1 selection=()
+lint=1 mpi=1 fast=0 selection=()
 if (($#)); then
   lint=0 mpi=0
   for arg in "$@"; do
     case "$arg" in
       --lint) lint=1 ;;
       --mpi) mpi=1 ;;
+      --fast) fast=1 lint=1 ;;
       *) selection+=("$arg") ;;
     esac
   done
@@ -88,11 +93,15 @@ if ((lint)); then
 fi
 
 xml=skipped
-if (($# == 0)) || ((${#selection[@]})); then
+if (($# == 0 || fast)) || ((${#selection[@]})); then
   xml="$art/serial.xml"
   if (($# == 0)); then
     echo "== serial suite"
     run_stage timeout -k 30 4200 "$ZEPHON_PY" -m pytest tests -q -ra --timeout=1200 --junitxml="$xml"
+  elif ((fast)); then
+    echo "== serial suite without e2e"
+    run_stage timeout -k 30 4200 "$ZEPHON_PY" -m pytest tests -m "not e2e" -q -ra --timeout=1200 --junitxml="$xml" \
+      "${selection[@]}"
   else
     echo "== pytest ${selection[*]}"
     run_stage timeout -k 30 4200 "$ZEPHON_PY" -m pytest -q -ra --timeout=1200 --junitxml="$xml" "${selection[@]}"
