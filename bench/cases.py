@@ -815,6 +815,15 @@ def case_aggregate_scale(a: dict) -> None:
     print("RESULT " + json.dumps(aggregate_scale.run(aggregate_scale.parse(a["argv"]))), flush=True)
 
 
+# ----------------------------------------------------------------------------- P9
+def case_stats_overhead(a: dict) -> None:
+    """bench/stats_overhead.py: the pipelines of P1 and P2 with and without the accounting ``Pipeline.stats()`` reads."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import stats_overhead
+
+    print("RESULT " + json.dumps(stats_overhead.run(Path(a["work"]), a["rounds"], a["seconds"])), flush=True)
+
+
 # ----------------------------------------------------------------------------- P5
 def case_state_bytes(a: dict) -> None:
     """Checkpoint JSON bytes as a function of canonical_replicas (lanes)."""

@@ -60,6 +60,7 @@ GOALS = {
     "P7_warm_s": 2.0,
     "P8_gets_per_1m_tokens": 10.0,
     "P8_s3_over_local": 0.5,
+    "P9_stats_over_off": 0.98,
 }
 
 LOG = None
@@ -524,6 +525,10 @@ def verdicts(R: dict) -> list[dict]:
         add("P8 object-store GETs per 1M tokens, block mode", "<= 10", v, v <= GOALS["P8_gets_per_1m_tokens"], f"{v:.1f}")
         v = p8["blocks_s3_over_local"]
         add("P8 throughput with 20 ms per request vs local disk, block mode", ">= 0.5", v, v >= GOALS["P8_s3_over_local"], f"{v:.2f}")
+    for name, c in R.get("P9", {}).get("cases", {}).items():
+        v = c["stats_over_off"]
+        add(f"P9 {name}: tallies + stats() every {R['P9']['log_every']} batches vs no accounting (tokens/CPU-s)", ">= 0.98",
+            v, v >= GOALS["P9_stats_over_off"], f"{v:.3f} (every batch: {c['stats_every_batch_over_off']:.3f})")
     x = p3.get("zephon_core p=1", {})
     if "early_ms" in x:
         worst = max(x["early_ms"], x["late_ms"])
@@ -745,6 +750,18 @@ def markdown(R: dict) -> str:
             L.append(f"| {mode.replace('_', '-')} | {x[f's3_{mode}_gets_per_1m_tokens']:.1f} | {x[f's3_{mode}_tokens_per_s'] / 1e3:.0f} k | "
                      f"{x[f'local_{mode}_tokens_per_s'] / 1e3:.0f} k | {x[f'{mode}_s3_over_local']:.2f} |")
         L.append("")
+    if "P9" in R and "error" not in R["P9"]:
+        x = R["P9"]
+        L.append(f"## P9 what watching costs (bench/stats_overhead.py; tokens per CPU second, median of {x['rounds']} rounds)\n")
+        L.append("| pipeline | no accounting | tallies (default) | + stats() every "
+                 f"{x['log_every']} batches | + stats() every batch |")
+        L.append("|---|---|---|---|---|")
+        for name, c in x["cases"].items():
+            t = c["tokens_per_cpu_s"]
+            L.append(f"| {name} | {t['off'] / 1e6:.2f} M | {t['default'] / 1e6:.2f} M ({c['default_over_off']:.3f}) | "
+                     f"{t['stats'] / 1e6:.2f} M ({c['stats_over_off']:.3f}) | "
+                     f"{t['stats_every_batch'] / 1e6:.2f} M ({c['stats_every_batch_over_off']:.3f}) |")
+        L.append("")
     if "profiles" in R:
         L.append("## Profiles (py-spy, zephon_core, all threads)\n")
         for name, s in R["profiles"].items():
@@ -764,7 +781,7 @@ def main() -> int:
     ap.add_argument("--project-python", default=sys.executable)
     ap.add_argument("--peers-python", default=None)
     ap.add_argument("--quick", action="store_true", help="smoke run: one round, short windows, 2 and 8 ranks")
-    ap.add_argument("--only", default="P1,P2,P3,P4,P4S,P5,P7,P8,profile")
+    ap.add_argument("--only", default="P1,P2,P3,P4,P4S,P5,P7,P8,P9,profile")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--s3rver", default=None, help="s3rver's bin/s3rver.js (bench/run.sh installs it): P4's second loopback S3 server")
     ap.add_argument("--docs", type=int, default=20000)
@@ -843,6 +860,10 @@ def main() -> int:
             x = R["P8"]
             log(f"  P8 blocks: {x['s3_blocks_gets_per_1m_tokens']:.1f} GETs/1M tokens, S3/local {x['blocks_s3_over_local']:.2f}; "
                 f"per document: {x['s3_per_document_gets_per_1m_tokens']:.1f} GETs/1M tokens, S3/local {x['per_document_s3_over_local']:.2f}")
+    if "P9" in only:
+        log("P9 what watching costs: tallies and stats() vs no accounting")
+        R["P9"] = r.case("project", "stats_overhead", {"work": str(WORK), "rounds": 2 if q else 5, "seconds": 1.0 if q else 2.0},
+                         timeout=1800)
     if "P5" in only:
         log("P5 checkpoint bytes")
         R["P5"] = r.case("project", "state_bytes", {**base, "lanes": [1, 8, 64]}, timeout=300)

@@ -3,7 +3,8 @@
 Two kinds of figures, kept apart on purpose:
 
 * ``COUNTERS`` are process-wide execution figures (seconds spent reading, tokenizing,
-  packing, waiting; object-store requests, bytes, retries; cache hits). Stages add to
+  packing; object-store requests, bytes, retries; cache hits). The seconds a consumer
+  waited in ``next()`` are each pipeline's own (``PipelineStats.wait_s``). Stages add to
   them through ``COUNTERS.add`` / ``COUNTERS.timed``; nothing reads them back on the data
   path, so they can never change the data. They are per process, not per pipeline: a
   training process runs one pipeline (a second one, for validation, adds to the same).
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -25,7 +26,6 @@ import numpy as np
 
 # Every name COUNTERS keeps, with its meaning (docs/watching.md lists the same names).
 COUNTER_NAMES: dict[str, str] = {
-    "wait_s": "seconds the consumer waited inside next() for a batch",
     "read_s": "seconds spent reading documents from sources (all threads)",
     "tokenize_s": "seconds spent in per-document operators: tokenize, map, filter (all threads)",
     "pack_s": "seconds spent packing documents into rows (all threads)",
@@ -98,21 +98,31 @@ class Tally:
                 if len(row) < n_sources:
                     row.extend([0] * (n_sources - len(row)))
 
-    def add_batch(self, segments: np.ndarray, n_rows: int, width: int, stage: int, n_sources: int) -> None:
-        """Count one delivered batch: ``segments`` rows are ``(row, source, document, start, stop)``."""
-        self._fit(stage + 1, n_sources)
-        src, start = segments[:, 1], segments[:, 3]
-        lengths = segments[:, 4] - start
+    def add_segments(self, segments: Sequence[np.ndarray], stage: int, n_sources: int) -> None:
+        """Count the segments of delivered batches of one stage, all in one pass (a NumPy call per batch would cost
+        more than a fast batch). Their rows were counted already (``rows``, and ``padding`` as the rows' full width):
+        this takes the tokens the segments fill off ``padding``."""
+        if not segments:
+            return
+        seg = np.concatenate(segments) if len(segments) > 1 else segments[0]
+        start = seg[:, 3]
         firsts = start == 0
-        by_tokens = np.bincount(src, weights=lengths, minlength=n_sources)
-        by_docs = np.bincount(src[firsts], minlength=n_sources)
-        tok, doc = self.tokens[stage], self.documents[stage]
-        for s in np.flatnonzero(by_tokens + by_docs).tolist():
-            tok[s] += int(by_tokens[s])
-            doc[s] += int(by_docs[s])
-        self.rows += n_rows
-        self.padding += n_rows * width - int(lengths.sum())
-        self.cut += len(start) - int(firsts.sum())
+        n_first = int(np.count_nonzero(firsts))
+        filled = int(seg[:, 4].sum()) - int(start.sum())
+        self._fit(stage + 1, n_sources)
+        tokens, documents = self.tokens[stage], self.documents[stage]
+        if n_sources == 1:  # the common pretokenized case: no per-source split to make
+            tokens[0] += filled
+            documents[0] += n_first
+        else:
+            src = seg[:, 1]
+            tok = np.bincount(src, weights=seg[:, 4] - start, minlength=n_sources)
+            doc = np.bincount(src[firsts], minlength=n_sources)
+            for s in np.flatnonzero(tok + doc).tolist():
+                tokens[s] += int(tok[s])
+                documents[s] += int(doc[s])
+        self.padding -= filled
+        self.cut += len(seg) - n_first
 
     def add(self, other: Tally) -> None:
         """Add another lane's figures (``since`` becomes the larger: counting is complete only from 0)."""

@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 
+import numpy as np
 import pytest
 from zephon_dist_helpers import C, pipeline, reference_steps, take_step_rows
 
@@ -199,3 +200,28 @@ def test_missing_rank_is_named_by_the_leader(gloo_pg, rank, world_size, allgathe
     for r in range(1, world_size - 1):
         assert "timed out" in outcomes[r] and f"global rank {r}" in outcomes[r], outcomes[r]
     dist.barrier()
+
+
+@pytest.mark.mpi(min_size=4)
+def test_run_wide_tokens_per_source_equal_the_sum_of_every_ranks_batches(gloo_pg, rank, world_size, allgather, shared_tmp):
+    """No collective builds the run-wide figures: they are the merged state's lane tallies, on every rank."""
+    G = 4 if world_size >= 4 else world_size
+    if rank >= G:  # the figures are checked at dp=4: further ranks only take part in the test's collectives
+        allgather(None)
+        allgather(None)
+        return
+    opts = dict(world_size=G, global_rank=rank, aggregate_dir=str(shared_tmp / "agg-stats"), run_id="stats", aggregate_timeout_s=60)
+    p = pipeline(dp_degree=G, dp_group_id=rank, prefetch=2, **opts)
+    it = iter(p)
+    mine = np.zeros(2, dtype=np.int64)
+    for _ in range(5 * (2 * C) // G):  # five global steps of 2C batches
+        b = next(it)
+        np.add.at(mine, b.segments[:, 1], b.segments[:, 4] - b.segments[:, 3])
+    p.checkpoint()
+    s = p.stats()
+    p.close()
+    delivered = [m for m in allgather(mine.tolist()) if m is not None]
+    run = [x for x in allgather([src.run_tokens for src in s.sources]) if x is not None]
+    assert len(delivered) == G and all(r == run[0] for r in run), "ranks disagree on the run-wide figures"
+    assert run[0] == np.sum(delivered, axis=0).tolist()
+    assert [src.tokens for src in s.sources] == mine.tolist() and s.run_lanes == C

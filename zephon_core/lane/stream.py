@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from zephon_core.batch import Batch, Cursor
+from zephon_core.batch import Batch, Cursor, SegmentSpan
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.lane.chunks import LaneChunks
 from zephon_core.lane.docops import DocOpRunner
@@ -114,10 +114,14 @@ class LaneStream:
             segments[:, 0] %= B
             cuts = rows.segment_starts()[: n * B + 1 : B].tolist()
             for i in range(n):
-                self._emit(rows.tokens[i * B : (i + 1) * B], run.cursor_after(at + (i + 1) * B - 1), segments[cuts[i] : cuts[i + 1]])
+                self._emit(rows.tokens[i * B : (i + 1) * B], run.cursor_after(at + (i + 1) * B - 1), segments[cuts[i] : cuts[i + 1]],
+                           (segments, cuts[i], cuts[i + 1]))
         if n * B < len(rows):
             self._partial = (rows.rows(n * B, len(rows)), run.cursor_after(at + len(rows) - 1))
 
-    def _emit(self, rows: np.ndarray, cursor: Cursor, segments: np.ndarray) -> None:
-        self._ready.append(Batch(rows[:, :-1], rows[:, 1:], lane=self.lane, lane_index=self._produced, cursor=cursor, segments=segments))
+    def _emit(self, rows: np.ndarray, cursor: Cursor, segments: np.ndarray, table: SegmentSpan | None = None) -> None:
+        b = Batch(rows[:, :-1], rows[:, 1:], lane=self.lane, lane_index=self._produced, cursor=cursor, segments=segments)
+        if table is not None:
+            object.__setattr__(b, "_table", table)
+        self._ready.append(b)
         self._produced += 1

@@ -19,7 +19,7 @@ from zephon_core.pipeline.engine import Engine, OperatorChain
 from zephon_core.pipeline.options import OPTION_NAMES, Identity, Options, default_pipelines_per_node, resolve_identity
 from zephon_core.pipeline.plan import Plan, render
 from zephon_core.pipeline.resume import Verdict, resume_verdict
-from zephon_core.pipeline.stats import PipelineStats, pipeline_stats
+from zephon_core.pipeline.stats import PipelineStats, RunFigures, pipeline_stats, run_figures
 
 
 class Pipeline:
@@ -49,7 +49,7 @@ class Pipeline:
         self._opts = _options or Options()
         self._identity = resolve_identity(self._opts)
         self._restored: dict[int, LaneState] | None = None
-        self._run_lanes: dict[int, LaneState] | None = None  # every lane of the last merged or restored state
+        self._run: RunFigures | None = None  # the lanes of the last merged or restored state, summed
         self._engine: Engine | None = None
         self._aggregator: Any = None
         self._lock = threading.Lock()
@@ -154,17 +154,20 @@ class Pipeline:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _lane_states(self) -> dict[int, LaneState]:
+    def _lane_states(self, copy: bool = True) -> dict[int, LaneState]:
         if self._engine is not None:
-            return self._engine.lane_states()
+            return self._engine.lane_states(copy)
         restored = self._restored or {}
         return {lane: restored.get(lane, LaneState(Cursor.start(), 0)) for lane in self._identity.lanes}
 
     def local_state(self) -> dict[str, Any]:
         """This pipeline's own lanes, without coordinating with other ranks."""
+        return self._local_state(self._lane_states())
+
+    def _local_state(self, lanes: Mapping[int, LaneState]) -> dict[str, Any]:
         ident = self._identity
         topology = {"dp_degree": ident.dp_degree, "dp_group_id": ident.dp_group_id, "world_size": ident.world_size, "global_rank": ident.global_rank}
-        return make_state(self.definition(), ident.canonical_replicas, topology, self._lane_states())
+        return make_state(self.definition(), ident.canonical_replicas, topology, lanes)
 
     def checkpoint(self) -> dict[str, Any]:
         """The progress of delivered batches, as a JSON-serialisable dict.
@@ -173,9 +176,10 @@ class Pipeline:
         ``world_size`` must call it at the same step; rank 0 merges all lanes
         and every rank returns the identical merged state.
         """
-        state = self.local_state()
+        lanes = self._lane_states()
+        state = self._local_state(lanes)
         if self._identity.world_size == 1:
-            self._run_lanes = parse_lanes(state)
+            self._run = run_figures(self.work_source, lanes)
             return state
         if self._aggregator is None:
             from zephon_core.checkpoint.aggregate import Aggregator
@@ -186,7 +190,7 @@ class Pipeline:
                 o.aggregate_dir, o.run_id, o.world_size, o.global_rank, float(o.aggregate_timeout_s), dict(o.storage_options or {})
             )
         merged: dict[str, Any] = self._aggregator.checkpoint(state)
-        self._run_lanes = parse_lanes(merged)
+        self._run = run_figures(self.work_source, parse_lanes(merged))
         return merged
 
     def stats(self) -> PipelineStats:
@@ -195,10 +199,12 @@ class Pipeline:
         Per source: tokens, documents and epochs delivered by this pipeline's lanes and,
         as of the last ``checkpoint()`` or ``restore()``, by the whole run; each owned
         lane's stage; padding and truncation of the delivered rows; the process-wide
-        execution counters (``zephon_core.metrics.COUNTER_NAMES``). Cheap enough to call every step.
+        execution counters (``zephon_core.metrics.COUNTER_NAMES``) and the seconds the caller
+        waited in ``next()``. Cheap enough to call every step.
         """
-        return pipeline_stats(self.work_source, self._identity.canonical_replicas, self._lane_states(), self._run_lanes,
-                              COUNTERS.snapshot())
+        waited = self._engine.waited_s if self._engine is not None else 0.0
+        return pipeline_stats(self.work_source, self._identity.canonical_replicas, self._lane_states(copy=False), self._run,
+                              COUNTERS.snapshot(), waited)
 
     def resume_verdict(self, state: Mapping[str, Any]) -> Verdict:
         """Whether ``restore(state)`` accepts this pipeline's data definition, and why (``pipeline.resume``).
@@ -241,7 +247,7 @@ class Pipeline:
         _warn_if_uneven(ident, stacklevel=3)  # the adopted canonical_replicas may not divide this dp_degree
         self._identity = ident
         self._restored = {lane: lanes[lane] for lane in ident.lanes}
-        self._run_lanes = lanes
+        self._run = run_figures(self.work_source, lanes)
 
 
 def _warn_if_uneven(ident: Identity, stacklevel: int) -> None:

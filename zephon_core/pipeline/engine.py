@@ -10,14 +10,16 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from zephon_core.batch import Batch, Cursor
+import numpy as np
+
+from zephon_core.batch import Batch, Cursor, SegmentSpan
 from zephon_core.checkpoint.state import LaneState
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.lane.assignment import next_lane
 from zephon_core.lane.docops import DocOpRunner
 from zephon_core.lane.ops import BatchOp, DocOp, PackOp, ShuffleOp
 from zephon_core.lane.stream import LaneStream
-from zephon_core.metrics import COUNTERS, Tally
+from zephon_core.metrics import Tally
 from zephon_core.pipeline.options import Identity, Options
 
 
@@ -46,39 +48,90 @@ def _stop_engines_at_exit() -> None:
 threading._register_atexit(_stop_engines_at_exit)  # type: ignore[attr-defined]
 
 
-class Ledger:
-    """Per owned lane: the cursor, count and tally of the batches delivered to the caller."""
+# Runs of delivered batches a lane holds before counting them into its tally in one pass.
+FOLD_AT = 64
 
-    def __init__(self, start: Mapping[int, LaneState], work_source: WorkSource, C: int) -> None:
+
+class _Uncounted:
+    """One lane's delivered batches not yet in its tally: their segment slices, rows, and the stage they count in."""
+
+    __slots__ = ("spans", "table", "lo", "hi", "rows", "chunk", "stage")
+
+    def __init__(self) -> None:
+        self.spans: list[SegmentSpan] = []  # closed slices of run tables
+        self.table: np.ndarray | None = None  # the open slice: table[lo:hi], grown batch by batch
+        self.lo = self.hi = self.rows = 0
+        self.chunk, self.stage = -2, 0  # the lane chunk the last batch counted in, and its stage
+
+    def close_span(self) -> None:
+        if self.table is not None:
+            self.spans.append((self.table, self.lo, self.hi))
+            self.table = None
+
+
+class Ledger:
+    """Per owned lane: the cursor, count and tally of the batches delivered to the caller.
+
+    Batches are counted in bulk (``FOLD_AT`` runs of them at a time, or when the tallies are
+    read): recording one costs a few Python operations, not NumPy calls. Consecutive batches
+    cut from one run of rows share its segment table, so they add up to one slice of it.
+    """
+
+    def __init__(self, start: Mapping[int, LaneState], work_source: WorkSource, C: int, width: int) -> None:
         self._at = {lane: (st.cursor, st.delivered) for lane, st in start.items()}  # LaneState fields, built when asked
         self._tallies = {lane: st.tally.copy() if st.tally else Tally(since=st.delivered) for lane, st in start.items()}
+        self._open = {lane: _Uncounted() for lane in start}
+        self.waited_s = 0.0  # seconds the caller spent inside next()
         self._work_source = work_source
         self._C = C
+        self._width = width  # tokens per row: seq_len + 1
         self._n_sources = len(work_source.sources)
-        self._stage_at: dict[int, tuple[int, int]] = {}  # lane -> (lane chunk, its stage): stages change rarely
 
     def delivered(self) -> dict[int, int]:
         return {lane: delivered for lane, (_, delivered) in self._at.items()}
 
     def record(self, b: Batch) -> None:
-        """Count a batch handed to the caller, and mark it with its stage."""
-        self._at[b.lane] = (b.cursor, b.lane_index + 1)
-        stage = self._stage(b.lane, b.cursor)
-        self._tallies[b.lane].add_batch(b.segments, len(b), b.input_ids.shape[1] + 1, stage, self._n_sources)
-        if stage:  # known only now, at delivery: the stream that cut the batch does not track stages
-            object.__setattr__(b, "stage", stage)
+        """Count a batch handed to the caller, and mark it with its stage (kept lean: this runs for every batch)."""
+        lane, cursor = b.lane, b.cursor
+        self._at[lane] = (cursor, b.lane_index + 1)
+        u = self._open[lane]
+        k = cursor.chunk if (cursor.document or cursor.token) else cursor.chunk - 1  # as Cursor.last_chunk
+        if k != u.chunk:  # stages change rarely: look one up only when the chunk changes
+            stage = self._work_source.stage_of(lane + max(k, 0) * self._C)
+            if stage != u.stage:
+                self._fold(lane)  # the batches held so far count in the stage before
+                u.stage = stage
+            u.chunk = k
+        span = b._table
+        if span is not None and span[0] is u.table and span[1] == u.hi:
+            u.hi = span[2]  # the next batch of the same run: one longer slice
+        else:
+            u.close_span()
+            u.table, u.lo, u.hi = span if span is not None else (b.segments, 0, len(b.segments))
+            if len(u.spans) >= FOLD_AT:
+                self._fold(lane)
+        u.rows += len(b.input_ids)
+        if u.stage:  # known only now, at delivery: the stream that cut the batch does not track stages
+            object.__setattr__(b, "stage", u.stage)
 
-    def _stage(self, lane: int, cursor: Cursor) -> int:
-        """The stage of the chunk the lane last read from (a batch counts there)."""
-        k = cursor.last_chunk
-        known = self._stage_at.get(lane)
-        if known is None or known[0] != k:
-            known = (k, self._work_source.stage_of(lane + k * self._C))
-            self._stage_at[lane] = known
-        return known[1]
+    def _fold(self, lane: int) -> None:
+        u = self._open[lane]
+        u.close_span()
+        tally = self._tallies[lane]
+        tally.rows += u.rows
+        tally.padding += u.rows * self._width  # less the tokens the segments fill (add_segments)
+        tally.add_segments([table[lo:hi] for table, lo, hi in u.spans], u.stage, self._n_sources)
+        u.spans.clear()
+        u.rows = 0
 
-    def lane_states(self) -> dict[int, LaneState]:
-        return {lane: LaneState(cursor, delivered, self._tallies[lane].copy()) for lane, (cursor, delivered) in self._at.items()}
+    def lane_states(self, copy: bool = True) -> dict[int, LaneState]:
+        """The lanes after the last delivered batch; ``copy=False`` shares the live tallies (read them at once)."""
+        out = {}
+        for lane, (cursor, delivered) in self._at.items():
+            self._fold(lane)
+            tally = self._tallies[lane]
+            out[lane] = LaneState(cursor, delivered, tally.copy() if copy else tally)
+        return out
 
 
 class Engine:
@@ -104,7 +157,7 @@ class Engine:
             )
             for lane, st in start.items()
         }
-        self._ledger = Ledger(start, work_source, ident.canonical_replicas)
+        self._ledger = Ledger(start, work_source, ident.canonical_replicas, pack.seq_len + 1)
         self._stop = threading.Event()
         self._queue: queue.SimpleQueue[Any] | None = None
         self._gen = self._produce()
@@ -187,12 +240,17 @@ class Engine:
                 self._queue.put(item)
                 raise item
             b = item
-        COUNTERS.add("wait_s", time.perf_counter() - t0)
+        self._ledger.waited_s += time.perf_counter() - t0
         self._ledger.record(b)
         return b
 
-    def lane_states(self) -> dict[int, LaneState]:
-        return self._ledger.lane_states()
+    def lane_states(self, copy: bool = True) -> dict[int, LaneState]:
+        return self._ledger.lane_states(copy)
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds the caller has spent inside ``next()``."""
+        return self._ledger.waited_s
 
     def close(self) -> None:
         self._stop.set()

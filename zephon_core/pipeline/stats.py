@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from zephon_core.checkpoint.state import LaneState
 from zephon_core.curriculum.work_source import WorkSource
-from zephon_core.metrics import COUNTER_NAMES, Tally, sum_tallies
+from zephon_core.metrics import Tally, sum_tallies
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ class PipelineStats:
     ones). ``counted_since`` > 0 when a lane was restored from a state that carried no
     tally: its figures count from that many batches on. ``run_*`` figures are as of the
     last merged (or restored) state and cover ``run_lanes`` lanes of ``canonical_replicas``.
-    ``counters``: the process-wide ``zephon_core.metrics.COUNTER_NAMES`` (cumulative).
+    ``counters``: the process-wide ``zephon_core.metrics.COUNTER_NAMES`` (cumulative);
+    ``wait_s`` is this pipeline's own.
     """
 
     batches: int  # delivered by this pipeline's lanes (across restores)
@@ -70,6 +71,7 @@ class PipelineStats:
     run_lanes: int
     canonical_replicas: int
     counted_since: int
+    wait_s: float  # seconds this pipeline's caller waited inside next()
     counters: Mapping[str, float]
 
     def scalars(self, prefix: str = "zephon/") -> dict[str, float]:
@@ -79,6 +81,7 @@ class PipelineStats:
             "batches": self.batches,
             "padding_fraction": self.padding_fraction,
             "truncation_fraction": self.truncation_fraction,
+            "wait_s": self.wait_s,
         }
         for s in self.sources:
             out[f"tokens/{s.name}"] = s.tokens
@@ -95,6 +98,20 @@ class PipelineStats:
         return {prefix + k: float(v) for k, v in out.items()}
 
 
+@dataclass(frozen=True)
+class RunFigures:
+    """The lanes of a merged (or restored) state, summed once when it arrives."""
+
+    tally: Tally
+    batches: int
+    lanes: int
+
+
+def run_figures(work_source: WorkSource, lanes: Mapping[int, LaneState]) -> RunFigures:
+    whole = sum_tallies((ls.tally for ls in lanes.values()), len(work_source.stage_names()), len(work_source.sources))
+    return RunFigures(whole, sum(ls.delivered for ls in lanes.values()), len(lanes))
+
+
 def _fractions(t: Tally) -> tuple[float, float]:
     width_tokens = t.rows and (t.total_tokens() + t.padding)
     stretches = sum(map(sum, t.documents)) + t.cut
@@ -106,31 +123,43 @@ def lane_stage(work_source: WorkSource, lane: int, state: LaneState, C: int) -> 
     return work_source.stage_of(lane + state.cursor.last_chunk * C)
 
 
-def pipeline_stats(work_source: WorkSource, C: int, own: Mapping[int, LaneState], run: Mapping[int, LaneState] | None,
-                   counters: Mapping[str, float]) -> PipelineStats:
-    """The snapshot of a pipeline whose owned lanes stand at ``own``, after a merged state whose lanes were ``run``."""
-    names, sizes = [s.name for s in work_source.sources], [len(s) for s in work_source.sources]
+def _per_source(t: Tally, n_sources: int) -> tuple[list[int], list[int]]:
+    tokens, documents = [0] * n_sources, [0] * n_sources
+    for tok, doc in zip(t.tokens, t.documents):
+        for s, (a, b) in enumerate(zip(tok, doc)):
+            tokens[s] += a
+            documents[s] += b
+    return tokens, documents
+
+
+def _sources(work_source: WorkSource, mine: Tally, run: RunFigures | None) -> tuple[SourceStats, ...]:
+    S = len(work_source.sources)
+    tokens, docs = _per_source(mine, S)
+    run_tokens, run_docs = _per_source(run.tally, S) if run else ([], [])
+    run_total = sum(run_tokens)
+    out = []
+    for s, src in enumerate(work_source.sources):
+        n = len(src)
+        rt, rd = (run_tokens[s], run_docs[s]) if run else (None, None)
+        out.append(SourceStats(
+            src.name, n, tokens[s], docs[s], docs[s] / n if n else 0.0, rt, rd,
+            None if rd is None else (rd / n if n else 0.0),
+            None if rt is None else (rt / run_total if run_total else 0.0),
+        ))
+    return tuple(out)
+
+
+def pipeline_stats(work_source: WorkSource, C: int, own: Mapping[int, LaneState], run: RunFigures | None,
+                   counters: Mapping[str, float], waited_s: float) -> PipelineStats:
+    """The snapshot of a pipeline whose owned lanes stand at ``own``, after a merged state summed as ``run``."""
     stage_names = work_source.stage_names()
-    S = len(names)
-    mine = sum_tallies([ls.tally for ls in own.values()], len(stage_names), S)
-    whole = sum_tallies([ls.tally for ls in run.values()], len(stage_names), S) if run else None
+    tallies = [ls.tally for ls in own.values()]
+    only = tallies[0] if len(tallies) == 1 else None  # one lane per group (C == dp_degree): nothing to add up
+    mine = only if only is not None else sum_tallies(tallies, len(stage_names), len(work_source.sources))
     lanes = []
     for lane, ls in sorted(own.items()):
         i = lane_stage(work_source, lane, ls, C)
         lanes.append(LaneStats(lane, ls.delivered, i, stage_names[i]))
-    run_tokens = [sum(r[s] for r in whole.tokens) for s in range(S)] if whole else None
-    run_docs = [sum(r[s] for r in whole.documents) for s in range(S)] if whole else None
-    run_total = sum(run_tokens) if run_tokens else 0
-    sources = []
-    for s in range(S):
-        tok, doc = sum(r[s] for r in mine.tokens), sum(r[s] for r in mine.documents)
-        sources.append(SourceStats(
-            names[s], sizes[s], tok, doc, doc / sizes[s] if sizes[s] else 0.0,
-            run_tokens[s] if run_tokens else None,
-            run_docs[s] if run_docs else None,
-            (run_docs[s] / sizes[s] if sizes[s] else 0.0) if run_docs else None,
-            (run_tokens[s] / run_total if run_total else 0.0) if run_tokens else None,
-        ))
     padding, truncation = _fractions(mine)
     stage = max((ln.stage for ln in lanes), default=0)
     return PipelineStats(
@@ -141,10 +170,11 @@ def pipeline_stats(work_source: WorkSource, C: int, own: Mapping[int, LaneState]
         stage=stage,
         stage_name=stage_names[stage],
         lanes=tuple(lanes),
-        sources=tuple(sources),
-        run_batches=sum(ls.delivered for ls in run.values()) if run else None,
-        run_lanes=len(run) if run else 0,
+        sources=_sources(work_source, mine, run),
+        run_batches=run.batches if run else None,
+        run_lanes=run.lanes if run else 0,
         canonical_replicas=C,
         counted_since=mine.since,
-        counters={k: counters.get(k, 0.0) for k in COUNTER_NAMES},
+        wait_s=waited_s,
+        counters=counters,
     )

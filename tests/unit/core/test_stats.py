@@ -123,8 +123,9 @@ def test_counters_record_waiting_reading_and_packing():
             next(it)
         s = p.stats()
     assert set(s.counters) == set(COUNTER_NAMES)
-    for name in ("wait_s", "read_s", "pack_s"):
+    for name in ("read_s", "pack_s"):
         assert s.counters[name] > before[name], name
+    assert s.wait_s > 0
     scalars = s.scalars()
     assert scalars["zephon/tokens/web"] == s.sources[0].tokens and scalars["zephon/stage"] == s.stage
     assert all(k.startswith("zephon/") for k in scalars) and "zephon/run/tokens/web" not in scalars
