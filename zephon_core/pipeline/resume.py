@@ -3,14 +3,16 @@
 The operators must be the same. The curriculum may differ only from a global
 chunk ``G`` on (``checkpoint.compat.divergence``: stages appended, or not yet
 started stages changed) and only if the state's lanes have read no chunk at
-or after ``G``: what a lane has read ends at its cursor, or — when its cursor
-is inside a partly delivered shuffle window — at the window's end, found by
-refilling that window with the checkpoint's own curriculum
+or after ``G``: what a lane has read ends in the chunk of its cursor, or — when
+its cursor is inside a partly delivered shuffle window — of the window's end,
+found by refilling that window with the checkpoint's own curriculum
 (``checkpoint.compat.checkpoint_curriculum``): from ``G`` on its chunks are not
 the new one's, and a window that reaches past ``G`` ends elsewhere with them.
-The first chunk a refused stage may start at is that end under the old
-curriculum. Where the old curriculum ends before ``G``, the restore, which
-refills with the new one, reads the same chunks (the two agree before ``G``).
+The chunk of a position counts even at its first document: a pad row closed
+there because that document did not fit. The first chunk a refused stage may
+start at is one past the last chunk read under the old curriculum. Where that
+is before ``G``, the restore, which refills with the new one, reads the same
+chunks and so the same rows (the two agree before ``G``).
 """
 
 from __future__ import annotations
@@ -46,14 +48,18 @@ def _summary(diffs: list[str]) -> str:
 
 
 def last_read_chunk(lane: int, cursor: Cursor, C: int, work_source: WorkSource, chain: Callable[[], OperatorChain]) -> int:
-    """The last global chunk lane ``lane`` has read any document of at ``cursor`` (-1: none), having read
-    ``work_source``: a partly delivered shuffle window is refilled with it, so it is the checkpoint's curriculum."""
+    """The last global chunk that lane ``lane``'s rows up to ``cursor`` depend on (-1: none): up to the end of
+    its shuffle window when the cursor is inside one, refilled with ``work_source`` (the checkpoint's curriculum).
+
+    That is the chunk of the packer position after those rows, even at the chunk's first document: a pad
+    row closes before a document that does not fit, so it depends on that document's length (and the last
+    row of the data on whether the chunk exists); a concat row never ends there.
+    """
     k, i, t = cursor.chunk, cursor.document, cursor.token
     ops = chain() if cursor.delivered_in_window else None
     if ops is not None and ops.shuffle is not None:
         k, i, t = window_end(lane, C, work_source, ops.doc_ops, ops.pack, ops.shuffle.window, Position(k, i, t))
-    last = k if (i or t) else k - 1
-    return lane + last * C if last >= 0 else -1
+    return lane + k * C if (k, i, t) != (0, 0, 0) else -1
 
 
 def _reach(last_read: Mapping[int, int]) -> tuple[int, int | None]:

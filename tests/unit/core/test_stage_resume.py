@@ -199,3 +199,33 @@ def test_a_refusal_that_cannot_rebuild_the_checkpoints_curriculum_names_no_chunk
     reason = "source(s) 'long' of the checkpoint's curriculum are not in this pipeline"
     assert f"cannot name the first chunk ({reason})" in verdict.message, verdict.message
 
+
+def test_a_pad_row_that_closed_before_a_chunks_first_document_has_read_that_chunk():
+    # Chunk 0 holds the 4-token document twice: rows [1 2 3] [4 pad pad] [1 2 3] [4 pad pad]. The last row
+    # closed because chunk 1's first document did not fit, and the cursor stands at (1, 0, 0). A stage of
+    # 1-token documents from chunk 1 would have filled that row, so it must start at chunk 2.
+    def pipe(appended_at=None):
+        srcs = [MemorySource([[1, 2, 3, 4]], name="early")]
+        stages = [Stage({"early": 1}, "early")]
+        if appended_at is not None:
+            srcs.append(MemorySource([[5]] * 7, name="late"))
+            stages.append(Stage({"late": 1}, "late", start_chunk=appended_at))
+        p = Pipeline(StagedMixture(srcs, stages, seed=0, chunk_size=2)).pack(2, mode="pad").batch(1)
+        return p.options(canonical_replicas=1, dp_degree=1, dp_group_id=0, prefetch=0)
+
+    def take(p, n):
+        it = iter(p)
+        return [next(it).input_ids.tolist() for _ in range(n)]
+
+    first = pipe()
+    before = take(first, 4)
+    state = json.loads(json.dumps(first.checkpoint()))
+    assert state["lanes"]["0"]["cursor"] == [1, 0, 0, 0]
+    assert take(pipe(1), 4) != before  # the row a stage at chunk 1 changes was delivered already
+    refused = pipe(1).resume_verdict(state)
+    assert not refused.accepted
+    assert "read up to global chunk 1 (lane 0)" in refused.message, refused.message
+    assert "must start at global chunk 2 or later" in refused.message, refused.message
+    resumed = pipe(2)
+    resumed.restore(state)
+    assert before + take(resumed, 4) == take(pipe(2), 8)
