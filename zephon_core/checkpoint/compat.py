@@ -12,6 +12,11 @@ Everything else is a difference from the start: the seed, the chunk size,
 the exhaustion policy, a source's content or place in the list (new sources
 are appended), the token estimate of a source, and any change to the first
 stage. Each difference is reported with the stage and the field it is in.
+
+What the lanes have read is a matter of the checkpoint's own curriculum: a
+lane inside a partly delivered shuffle window has read to the window's end as
+*that* curriculum filled it, and from ``G`` on its chunks are not the new
+one's. ``checkpoint_curriculum`` rebuilds it over this pipeline's sources.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from typing import Any
 
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.curriculum.mixture import largest_remainder
+from zephon_core.curriculum.stages import Stage, StagedMixture
+from zephon_core.curriculum.work_source import WorkSource
+from zephon_core.errors import ConfigError
 
 _GLOBAL = ("kind", "seed", "chunk_size", "exhausted", "shuffle", "order")
 _DATA = ("start_chunk", "weight_by", "weights", "per_chunk")  # what a StaticMixture's one stage can be compared on
@@ -112,3 +120,48 @@ def divergence(old: Mapping[str, Any], new: Mapping[str, Any], root: str = "work
     if j == 0:
         return Divergence(None, label, [*reasons, f"{label}: the first stage starts the run; changing it changes the data from the start"])
     return Divergence(min(s[j]["start_chunk"] for s in (sa, sb) if j < len(s)), label, reasons)
+
+
+def checkpoint_curriculum(old: Mapping[str, Any], like: WorkSource) -> StagedMixture:
+    """The curriculum of the definition ``old`` (a checkpoint's), rebuilt over the sources of ``like``.
+
+    ``like`` is this pipeline's staged or static mixture, whose sources begin with the checkpoint's
+    (``divergence`` requires it); its token counts are reused. The result is checked against ``old``:
+    it is returned only if ``divergence`` finds that it gives the same chunks.
+
+    Raises:
+        ConfigError: it cannot be rebuilt, with the reason (a source the checkpoint's stages read is
+            gone, or the token counts it needs cannot be measured without the run's tokenizer).
+    """
+    staged = as_staged(old)
+    sources = list(getattr(like, "sources", None) or [])
+    if staged is None or not sources:
+        raise ConfigError("the checkpoint's work source is not a staged or static mixture over this pipeline's sources")
+    n = len(staged["sources"])
+    if n > len(sources):
+        gone = ", ".join(repr(s["name"]) for s in staged["sources"][len(sources):])
+        raise ConfigError(f"source(s) {gone} of the checkpoint's curriculum are not in this pipeline")
+    schedule = getattr(like, "schedule", None)
+    tokens = schedule.tokens if schedule is not None else None
+    order = staged.get("order") or {}
+    stages, tokens_per_step = _stages_of(staged["stages"])
+    rebuilt = StagedMixture(
+        sources[:n], stages, seed=staged["seed"], chunk_size=staged["chunk_size"], exhausted=staged["exhausted"],
+        shuffle=staged["shuffle"], block_size=order.get("block_size"), block_window=order.get("window", 8),
+        tokens_per_step=tokens_per_step or getattr(like, "tokens_per_step", None),
+        token_counts=tokens[:n] if tokens is not None else None,
+    )
+    if divergence(old, rebuilt.definition()) is not None:
+        raise ConfigError("this pipeline's sources do not rebuild the checkpoint's curriculum")
+    return rebuilt
+
+
+def _stages_of(definitions: list[Mapping[str, Any]]) -> tuple[list[Stage], int | None]:
+    """Stages from their definitions, each starting as it was given, and the tokens per step of step starts."""
+    stages, tokens_per_step = [], None
+    for i, d in enumerate(definitions):
+        start = (d.get("start") or {"chunk": d.get("start_chunk")}) if i else {}
+        tokens_per_step = start.get("tokens_per_step", tokens_per_step)
+        starts = {f"start_{unit}": start.get(unit) for unit in ("chunk", "tokens", "step")}
+        stages.append(Stage(dict(d["weights"]), d.get("name"), weight_by=d.get("weight_by", "documents"), **starts))
+    return stages, tokens_per_step

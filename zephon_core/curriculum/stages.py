@@ -136,6 +136,8 @@ class StagedMixture(WorkSource):
             ``seq_len + 1``), for stages that start at ``start_step``.
         token_counter: counts the tokens of text documents (``zephon_core.token_counter``),
             for token weights and token/step boundaries over text sources.
+        token_counts: the token counts of ``sources``, already measured (``schedule.tokens`` of
+            a mixture over the same sources): used instead of measuring them again.
     """
 
     def __init__(
@@ -151,6 +153,7 @@ class StagedMixture(WorkSource):
         block_window: int = 8,
         tokens_per_step: int | None = None,
         token_counter: TokenCounter | None = None,
+        token_counts: Sequence[DocumentTokens] | None = None,
     ) -> None:
         sources = list(sources)
         if not sources:
@@ -171,17 +174,24 @@ class StagedMixture(WorkSource):
         sizes = [len(s) for s in sources]
         self._orders = [_order(n, self.seed, i, self.shuffle, block_size, block_window) for i, n in enumerate(sizes)]
         weights = [[st.weights.get(n, 0) for n in names] for st in self.stages]
-        tokens = self._measure(token_counter)
+        tokens = self._measure(token_counter, token_counts)
         indices = {}
         for s in range(len(sources)):
             if tokens is not None and any(st.weight_by == "tokens" and w[s] > 0 for st, w in zip(self.stages, weights)):
                 indices[s] = TokenIndex(tokens[s], self._orders[s], f"source {names[s]!r}")
         self._schedule = Schedule(self.stages, weights, sizes, names, self.chunk_size, tokens, indices, tokens_per_step, self.exhausted)
 
-    def _measure(self, counter: TokenCounter | None) -> list[DocumentTokens] | None:
+    def _measure(self, counter: TokenCounter | None,
+                 known: Sequence[DocumentTokens] | None) -> list[DocumentTokens] | None:
         """Token counts of every source, when a stage weighs tokens or starts at a token count (else None)."""
         if not any(st.weight_by == "tokens" or st.start_tokens is not None or st.start_step is not None for st in self.stages):
             return None
+        if known is not None:
+            counted, sizes = [len(t.lengths) for t in known], [len(s) for s in self.sources]
+            if counted != sizes:
+                raise ConfigError(f"token_counts: counts of {counted} documents for sources of {sizes}; "
+                                  "give the counts of these sources, in their order")
+            return list(known)
         return [measure_tokens(s, counter, f"source {s.name!r}") for s in self.sources]
 
     # -- the work source ------------------------------------------------------------

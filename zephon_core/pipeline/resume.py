@@ -3,10 +3,16 @@
 The operators must be the same. The curriculum may differ only from a global
 chunk ``G`` on (``checkpoint.compat.divergence``: stages appended, or not yet
 started stages changed) and only if the state's lanes have read no chunk at
-or after ``G``: what a lane has read ends at its cursor, or — when its cursor
-is inside a partly delivered shuffle window — at the window's end, found by
-refilling that window as the restore itself will (the two curricula agree on
-every chunk before ``G``, so the new one refills it exactly as the old did).
+or after ``G``: what a lane has read ends in the chunk of its cursor, or — when
+its cursor is inside a partly delivered shuffle window — of the window's end,
+found by refilling that window with the checkpoint's own curriculum
+(``checkpoint.compat.checkpoint_curriculum``): from ``G`` on its chunks are not
+the new one's, and a window that reaches past ``G`` ends elsewhere with them.
+The chunk of a position counts even at its first document: a pad row closed
+there because that document did not fit. The first chunk a refused stage may
+start at is one past the last chunk read under the old curriculum. Where that
+is before ``G``, the restore, which refills with the new one, reads the same
+chunks and so the same rows (the two agree before ``G``).
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zephon_core.batch import Cursor
-from zephon_core.checkpoint.compat import Divergence, divergence
+from zephon_core.checkpoint.compat import Divergence, checkpoint_curriculum, divergence
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import LaneState
 from zephon_core.curriculum.work_source import WorkSource
+from zephon_core.errors import ConfigError
 from zephon_core.lane.packing import Position
 from zephon_core.lane.stream import window_end
 from zephon_core.pipeline.engine import OperatorChain
@@ -41,20 +48,24 @@ def _summary(diffs: list[str]) -> str:
 
 
 def last_read_chunk(lane: int, cursor: Cursor, C: int, work_source: WorkSource, chain: Callable[[], OperatorChain]) -> int:
-    """The last global chunk lane ``lane`` has read any document of at ``cursor`` (-1: none)."""
+    """The last global chunk that lane ``lane``'s rows up to ``cursor`` depend on (-1: none): up to the end of
+    its shuffle window when the cursor is inside one, refilled with ``work_source`` (the checkpoint's curriculum).
+
+    That is the chunk of the packer position after those rows, even at the chunk's first document: a pad
+    row closes before a document that does not fit, so it depends on that document's length (and the last
+    row of the data on whether the chunk exists); a concat row never ends there.
+    """
     k, i, t = cursor.chunk, cursor.document, cursor.token
     ops = chain() if cursor.delivered_in_window else None
     if ops is not None and ops.shuffle is not None:
         k, i, t = window_end(lane, C, work_source, ops.doc_ops, ops.pack, ops.shuffle.window, Position(k, i, t))
-    last = k if (i or t) else k - 1
-    return lane + last * C if last >= 0 else -1
+    return lane + k * C if (k, i, t) != (0, 0, 0) else -1
 
 
-def _reach(lanes: Mapping[int, LaneState], C: int, work_source: WorkSource, chain: Callable[[], OperatorChain]) -> tuple[int, int | None]:
-    """One past the last global chunk the lanes have read, and the lane that read it."""
+def _reach(last_read: Mapping[int, int]) -> tuple[int, int | None]:
+    """One past the last global chunk of ``last_read`` (lane -> its last read chunk), and the lane that read it."""
     frontier, who = 0, None
-    for lane, ls in sorted(lanes.items()):
-        g = last_read_chunk(lane, ls.cursor, C, work_source, chain)
+    for lane, g in sorted(last_read.items()):
         if g + 1 > frontier:
             frontier, who = g + 1, lane
     return frontier, who
@@ -86,21 +97,36 @@ def resume_verdict(state: Mapping[str, Any], lanes: Mapping[int, LaneState], def
     if diffs or found is None or found.chunk is None:
         diffs += found.reasons if found is not None else []
         return Verdict(False, f"{CHANGED_DATA}: {_summary(diffs)}", diffs)
-    return _stage_verdict(found, lanes, int(state["canonical_replicas"]), work_source, chain)
+    C = int(state["canonical_replicas"])
+    return _stage_verdict(found, old.get("work_source", {}), lanes, C, work_source, chain)
 
 
-def _stage_verdict(found: Divergence, lanes: Mapping[int, LaneState], C: int, work_source: WorkSource,
-                   chain: Callable[[], OperatorChain]) -> Verdict:
+def _stage_verdict(found: Divergence, old: Mapping[str, Any], lanes: Mapping[int, LaneState], C: int,
+                   work_source: WorkSource, chain: Callable[[], OperatorChain]) -> Verdict:
     assert found.chunk is not None
-    frontier, who = _reach(lanes, C, work_source, chain)
-    read = f"global chunk {frontier - 1} (lane {who})" if who is not None else "no chunk yet"
+    changes = f"{found.stage} changes the data from global chunk {found.chunk}{_where(work_source, found.chunk)}"
+    try:
+        read_from: WorkSource = checkpoint_curriculum(old, work_source)
+        unknown = None
+    except ConfigError as e:
+        # A window this pipeline's curriculum refills before G is the one the checkpoint's filled (they agree
+        # there), so the verdict stands; only the end of a window reaching past G is not what the lanes read.
+        read_from, unknown = work_source, str(e)
+    last_read = {lane: last_read_chunk(lane, ls.cursor, C, read_from, chain) for lane, ls in lanes.items()}
+    frontier, who = _reach(last_read)
+    read = f"up to global chunk {frontier - 1} (lane {who})" if who is not None else "no chunk yet"
     if found.chunk >= frontier:
-        return Verdict(True, f"{found.stage} changes the data from global chunk {found.chunk}{_where(work_source, found.chunk)}; "
-                             f"the checkpoint's lanes have read up to {read}, so what they delivered stays the same", found.reasons)
+        kept = f"the checkpoint's lanes have read {read}, so what they delivered stays the same"
+        return Verdict(True, f"{changes}; {kept}", found.reasons)
+    refilled = [lane for lane, g in last_read.items() if g >= found.chunk and lanes[lane].cursor.delivered_in_window]
+    if unknown is not None and refilled:  # where those windows end under the checkpoint's curriculum is not known
+        read = f"chunks from global chunk {found.chunk} on (lane {refilled[0]})"
+        first_ok = f"after them; this pipeline cannot name the first chunk ({unknown})"
+    else:
+        first_ok = f"at global chunk {frontier} or later{_where(read_from, frontier)}"
     return Verdict(
         False,
-        f"{CHANGED_DATA}: {found.stage} changes the data from global chunk {found.chunk}{_where(work_source, found.chunk)}, but the "
-        f"checkpoint's lanes have read up to {read}; a stage that is appended or changed must start at global chunk {frontier} or later"
-        f"{_where(work_source, frontier)}: {_summary(found.reasons)}",
+        f"{CHANGED_DATA}: {changes}, but the checkpoint's lanes have read {read}; a stage that is appended or "
+        f"changed must start {first_ok}: {_summary(found.reasons)}",
         found.reasons,
     )

@@ -264,3 +264,48 @@ def staged_recipes(draw: st.DrawFn, *, max_stages: int = 3, finite: bool = False
         batch_size=draw(st.integers(1, 3)),
         exhausted=draw(st.sampled_from(["repeat", "stop"])) if finite else "repeat",
     )
+
+
+# -- a stage appended at a checkpoint inside a shuffle window --------------------------
+@dataclass(frozen=True)
+class WindowResume(Shape):
+    """A one-stage curriculum checkpointed after ``batches`` batches, most often inside a shuffle window, and a
+    stage over a source of documents of ``late_len`` tokens (far shorter or longer than the first stage's)
+    first appended at chunk ``appended_at``."""
+
+    docs: tuple[tuple[int, ...], ...]
+    late_len: int
+    mixed: bool  # the appended stage also reads the first stage's source
+    canonical_replicas: int
+    batches: int
+    appended_at: int
+
+    def pipeline(self, appended_at: int | None = None) -> Pipeline:
+        sources = [MemorySource([list(d) for d in self.docs], name="early")]
+        stages = [Stage({"early": 1}, "early")]
+        if appended_at is not None:
+            sources.append(MemorySource([[5] * self.late_len] * 7, name="late"))
+            stages.append(Stage({"late": 1, "early": 1 if self.mixed else 0}, "late", start_chunk=appended_at))
+        ws = StagedMixture(sources, stages, seed=self.seed, chunk_size=self.chunk_size)
+        p = Pipeline(ws).pack(self.seq_len, mode=self.mode).shuffle(self.shuffle_window or 1, seed=2)
+        p = p.batch(self.batch_size)
+        return p.options(canonical_replicas=self.canonical_replicas, dp_degree=1, dp_group_id=0, prefetch=0)
+
+
+@st.composite
+def window_resumes(draw: st.DrawFn) -> WindowResume:
+    """Small chunks and windows of up to 30 rows: a window holds several chunks, often the appended stage's first."""
+    return WindowResume(
+        docs=draw(_source_docs(1, 12, 12)),
+        late_len=draw(st.sampled_from([1, 2, 30, 60])),
+        mixed=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        chunk_size=draw(st.integers(2, 6)),
+        seq_len=draw(st.integers(2, 8)),
+        mode=draw(st.sampled_from(["concat", "pad"])),
+        shuffle_window=draw(st.integers(4, 30)),
+        batch_size=draw(st.integers(1, 2)),
+        canonical_replicas=draw(st.integers(1, 3)),
+        batches=draw(st.integers(1, 30)),
+        appended_at=draw(st.integers(1, 30)),
+    )

@@ -15,9 +15,11 @@ chunk_size, seq_len, pack mode, optional shuffle window, batch size), random
    sources, weighted by documents or tokens): 1 and 2 hold; a checkpoint taken
    under the first stages and resumed with the rest appended gives exactly the
    run of the whole schedule from the start, on any DP sequence, or is refused
-   naming the stage; no document is repeated within a source epoch or skipped
-   across a stage change; token-weighted stages give each source its token
-   quota per chunk to within one document.
+   naming the stage; a refusal names the first chunk a stage may start at
+   (there it is accepted and continues the whole schedule, one chunk earlier
+   refused), also from inside a shuffle window; no document is repeated within
+   a source epoch or skipped across a stage change; token-weighted stages give
+   each source its token quota per chunk to within one document.
 
 ``ZEPHON_SOAK=1`` raises the number of examples for an opt-in long run.
 """
@@ -46,12 +48,14 @@ from property_strategies import (  # noqa: E402
     CountingMemorySource,
     Recipe,
     StagedRecipe,
+    WindowResume,
     batch_key,
     divisors,
     recipes,
     row_counter,
     staged_recipes,
     text_recipes,
+    window_resumes,
 )
 
 from zephon_core import Pipeline, StateError  # noqa: E402
@@ -400,6 +404,30 @@ def test_appending_stages_at_a_checkpoint_gives_the_whole_schedule_from_the_star
     second, _ = run_phase(maker(None), Phase(G2, m2), bps, state)
     reference = run_schedule(maker(None), [Phase(G_ref, m1 + m2)], bps)
     assert first_mismatch(reference, first + second, provenance=True) is None
+
+
+@examples(15)
+@given(case=window_resumes())
+def test_a_refused_resume_names_the_first_chunk_a_stage_may_start_at(case: WindowResume) -> None:
+    first = case.pipeline()
+    before = take(first, case.batches)
+    state = json.loads(json.dumps(first.checkpoint()))
+    event("inside a window" if any(lane["cursor"][3] for lane in state["lanes"].values()) else "at a window's start")
+    verdict = case.pipeline(case.appended_at).resume_verdict(state)
+    event("refused" if not verdict.accepted else "accepted")
+    if verdict.accepted:
+        return
+    first_ok = int(verdict.message.split("must start at global chunk ")[1].split()[0])
+    assert first_ok > case.appended_at
+    accepted = case.pipeline(first_ok).resume_verdict(state)
+    assert accepted.accepted, (verdict.message, accepted.message)
+    if first_ok - 1 > case.appended_at:
+        assert not case.pipeline(first_ok - 1).resume_verdict(state).accepted, verdict.message
+    resumed = case.pipeline(first_ok)
+    resumed.restore(state)
+    after = take(resumed, 5)
+    whole = take(case.pipeline(first_ok), case.batches + 5)
+    assert [batch_key(b) for b in before + after] == [batch_key(b) for b in whole]
 
 
 @examples(40)

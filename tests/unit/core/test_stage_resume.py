@@ -150,3 +150,82 @@ def test_a_lane_inside_a_shuffle_window_has_read_up_to_the_windows_end():
     assert chain.resume_verdict(state).accepted
     chain = Pipeline(full(last)).pack(8).shuffle(40).batch(2).options(canonical_replicas=2, dp_degree=1, dp_group_id=0)
     assert not chain.resume_verdict(state).accepted
+
+
+LONG = MemorySource([[9] * 60] * 20, name="long")  # documents far longer than the first stages'
+
+
+def windowed(stages, srcs=None):
+    p = Pipeline(staged(stages, srcs or [*sources(), LONG])).pack(8).shuffle(40).batch(2)
+    return p.options(canonical_replicas=2, dp_degree=1, dp_group_id=0, prefetch=0)
+
+
+def test_the_first_chunk_a_refusal_names_is_where_the_checkpoints_own_curriculum_filled_its_windows():
+    # 45 batches in, both lanes are inside a window of 40 rows. Refilled with the appended stage of long
+    # documents from chunk 7, that window ends at chunk 8, and the message used to say 9; a stage at 9 was
+    # refused again with 11, and so on. Under the checkpoint's own curriculum it ends at chunk 13.
+    first = windowed(BASE)
+    it = iter(first)
+    before = [next(it).digest for _ in range(45)]
+    state, lanes = first.checkpoint(), first._lane_states()
+    assert all(ls.cursor.delivered_in_window for ls in lanes.values())
+    read = max(last_read_chunk(lane, ls.cursor, 2, first.work_source, first._chain) for lane, ls in lanes.items())
+    at = lambda g: windowed([*BASE, Stage({"long": 1}, name="anneal", start_chunk=g)])  # noqa: E731
+    refused = at(7).resume_verdict(state)
+    assert not refused.accepted
+    first_ok = int(re.search(r"must start at global chunk (\d+) or later", refused.message).group(1))
+    assert first_ok == read + 1 == 14, refused.message
+    assert at(first_ok).resume_verdict(state).accepted
+    assert not at(first_ok - 1).resume_verdict(state).accepted
+    resumed = at(first_ok)
+    resumed.restore(state)
+    it = iter(resumed)
+    after = [next(it).digest for _ in range(30)]
+    whole = iter(at(first_ok))
+    assert before + after == [next(whole).digest for _ in range(75)]
+
+
+def test_a_refusal_that_cannot_rebuild_the_checkpoints_curriculum_names_no_chunk():
+    # The planned stage read `long`, which the new recipe drops with it: where the lanes' windows end under
+    # the old curriculum cannot be known, and this pipeline's curriculum would give another chunk.
+    first = windowed([*BASE, Stage({"long": 1}, name="anneal", start_chunk=12)])
+    it = iter(first)
+    for _ in range(45):
+        next(it)
+    verdict = windowed(BASE, sources(False)).resume_verdict(first.checkpoint())
+    assert not verdict.accepted
+    assert "or later" not in verdict.message
+    assert "the checkpoint's lanes have read chunks from global chunk 12 on" in verdict.message, verdict.message
+    reason = "source(s) 'long' of the checkpoint's curriculum are not in this pipeline"
+    assert f"cannot name the first chunk ({reason})" in verdict.message, verdict.message
+
+
+def test_a_pad_row_that_closed_before_a_chunks_first_document_has_read_that_chunk():
+    # Chunk 0 holds the 4-token document twice: rows [1 2 3] [4 pad pad] [1 2 3] [4 pad pad]. The last row
+    # closed because chunk 1's first document did not fit, and the cursor stands at (1, 0, 0). A stage of
+    # 1-token documents from chunk 1 would have filled that row, so it must start at chunk 2.
+    def pipe(appended_at=None):
+        srcs = [MemorySource([[1, 2, 3, 4]], name="early")]
+        stages = [Stage({"early": 1}, "early")]
+        if appended_at is not None:
+            srcs.append(MemorySource([[5]] * 7, name="late"))
+            stages.append(Stage({"late": 1}, "late", start_chunk=appended_at))
+        p = Pipeline(StagedMixture(srcs, stages, seed=0, chunk_size=2)).pack(2, mode="pad").batch(1)
+        return p.options(canonical_replicas=1, dp_degree=1, dp_group_id=0, prefetch=0)
+
+    def take(p, n):
+        it = iter(p)
+        return [next(it).input_ids.tolist() for _ in range(n)]
+
+    first = pipe()
+    before = take(first, 4)
+    state = json.loads(json.dumps(first.checkpoint()))
+    assert state["lanes"]["0"]["cursor"] == [1, 0, 0, 0]
+    assert take(pipe(1), 4) != before  # the row a stage at chunk 1 changes was delivered already
+    refused = pipe(1).resume_verdict(state)
+    assert not refused.accepted
+    assert "read up to global chunk 1 (lane 0)" in refused.message, refused.message
+    assert "must start at global chunk 2 or later" in refused.message, refused.message
+    resumed = pipe(2)
+    resumed.restore(state)
+    assert before + take(resumed, 4) == take(pipe(2), 8)
