@@ -4,7 +4,8 @@ Launches (run lazily, shared by the tests; ~6-7 minutes in all on 2 cores):
 
 * ``tp_ref``      TP=2 x DP=2, ``python -m zephon_megatron.pretrain_gpt`` (the adapter's
                   own broadcast), Megatron ``.bin/.idx`` data, 6 steps, saves at 3 and 6,
-                  evaluates a held-out recipe at 3 and 6;
+                  evaluates a held-out recipe at 3 and 6, logs Zephon's figures to
+                  Megatron's TensorBoard (``--zephon-log-metrics``);
 * ``tp_resume``   the same from ``tp_ref``'s step-3 checkpoint;
 * ``dp1``         TP=2 x DP=1 from ``tp_ref``'s step 3 (DP 2 -> 1), saves at 4 and 6;
 * ``dp2``         TP=2 x DP=2 from ``dp1``'s step 4 (DP 1 -> 2);
@@ -33,10 +34,14 @@ from __future__ import annotations
 
 import functools
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from harnesses import load
+from tensorboard_events import scalars
+
+from zephon_core.tools.audit import read_batch_log
 
 h = load("megatron")
 STEPS = [1, 2, 3, 4, 5, 6]
@@ -64,9 +69,9 @@ def runs(tmp_path_factory):
         if name in cache:
             return cache[name]
         Z = h.Zrun
-        if name == "tp_ref":
+        if name == "tp_ref":  # also logs Zephon's figures: its resume (without) must still match bit for bit
             z = Z("wheel", 4, assets.indexed_recipe, tp=2, save_interval=3, valid_recipe=assets.heldout_recipe,
-                  eval_iters=1, eval_interval=3)
+                  eval_iters=1, eval_interval=3, extra=["--zephon-log-metrics", "--tensorboard-dir", "tb"])
         elif name == "tp_resume":
             ref = get("tp_ref").run_dir
             z = Z("wheel", 4, assets.indexed_recipe, tp=2, save_interval=3, valid_recipe=assets.heldout_recipe,
@@ -129,6 +134,32 @@ def test_tensor_parallel_peers_train_on_identical_batches(runs):
     assert {lane for s in streams for lane, _, _ in s} == {0, 1, 2, 3}
     steps = r.steps()
     assert sorted(steps) == STEPS and all(len(steps[s]) == h.C for s in STEPS)
+
+
+@pytest.mark.e2e
+def test_zephon_figures_reach_megatrons_tensorboard_on_the_last_rank(runs):
+    """Rank 0 (data-parallel rank 0's checkpointing Pipeline) takes the figures; rank 3, Megatron's writer,
+    which holds no Pipeline (TP=2), writes them: what rank 0's audit log says it delivered, and the run's
+    tokens as of the checkpoint at iteration 3."""
+    r = runs("tp_ref")
+    ev = scalars(r.run_dir / "tb")
+    assert sorted(ev["lm loss"]) == STEPS  # Megatron's own scalars, in the same file
+    (tokens_tag,) = [t for t in ev if t.startswith("zephon/tokens/")]
+    logged = {int(f.stem.split("rank")[1]): list(read_batch_log(f)) for f in r.run_dir.glob("batches-rank*.log")}
+    per_rank = h.GBS // h.MBS // 2  # micro-batches per step on each of the 2 data-parallel ranks
+
+    def tokens(batches) -> int:
+        return sum((Counter(b.tokens) for b in batches), Counter())[0]
+
+    assert ev[tokens_tag] == {i: tokens(logged[0][: i * per_rank]) for i in STEPS}
+    # Every micro-batch once (the tensor-parallel peers log the lines they received, without counts).
+    unique = {(b.lane, b.lane_index): b for rows in logged.values() for b in rows if b.tokens}
+    per_lane = h.GBS // h.MBS // h.C
+    through_3 = tokens(b for (_, idx), b in unique.items() if idx < 3 * per_lane)
+    assert ev["zephon/run/tokens/" + tokens_tag.removeprefix("zephon/tokens/")] == dict.fromkeys((4, 5, 6), through_3)
+    assert ev["zephon/batches"] == {i: i * per_rank for i in STEPS}
+    assert all(0.0 <= v <= 1.0 for v in ev["zephon/interval/wait_fraction"].values())
+    assert [f"| iteration {i}" in r.text for i in STEPS] == [True] * 6  # the console line on the last rank
 
 
 @pytest.mark.e2e

@@ -1,14 +1,20 @@
 """Real TorchTitan training loops (0.3.0 and 0.2.2) under torchrun on CPU, fed by Zephon.
 
-Per version: dp=2 reference (6 steps, checkpoints every 2), its resume from
-step 4, a dp=4 reference, elastic resumes 4 -> 2 and 2 -> 4, FSDP 2 x TP 2,
-and a misconfiguration that must stop before the first step.
+Per version: dp=2 reference (6 steps, checkpoints every 2; Zephon's figures in
+TorchTitan's TensorBoard), its resume from step 4, a dp=4 reference, elastic
+resumes 4 -> 2 and 2 -> 4, FSDP 2 x TP 2, and a misconfiguration that must stop
+before the first step.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
-from tt_runs import launch, steps_of
+from tensorboard_events import scalars
+from tt_runs import GLOBAL_BATCH, LOCAL_BATCH, launch, steps_of
+
+from zephon_core.tools.audit import read_batch_log
 
 pytestmark = pytest.mark.e2e
 C = 4  # configs/data/tt_train.toml
@@ -24,8 +30,8 @@ def runs(request, tmp_path_factory):
     def get(name: str):
         if name in cache:
             return cache[name]
-        if name == "ref2":
-            r = launch(version, 2, root / name)
+        if name == "ref2":  # also logs Zephon's figures: its resume (without) must continue identically
+            r = launch(version, 2, root / name, metrics=True)
         elif name == "ref4":
             r = launch(version, 4, root / name)
         elif name == "resume2":
@@ -55,6 +61,31 @@ def test_resume_continues_with_identical_losses(runs):
     assert {s: res.losses[s] for s in (5, 6)} == {s: ref.losses[s] for s in (5, 6)}
     ref_steps, res_steps = steps_of(ref_dir, C), steps_of(res_dir, C)
     assert sorted(res_steps) == [5, 6] and all(res_steps[s] == ref_steps[s] for s in (5, 6))
+
+
+def test_zephon_figures_are_in_torchtitans_tensorboard_at_every_logged_step(runs):
+    """Rank 0 (TorchTitan's metrics rank, data-parallel rank 0) logs its lanes' tokens, which are what its
+    batch audit log says it delivered, and the run's tokens as of the last checkpoint (steps 2 and 4)."""
+    ref, dump = runs("ref2")
+    ev = scalars(dump / "tb")
+    assert sorted(ev["loss_metrics/global_avg_loss"]) == [1, 2, 3, 4, 5, 6]
+    (tokens_tag,) = [t for t in ev if t.startswith("zephon/tokens/")]
+    source = tokens_tag.removeprefix("zephon/tokens/")
+    logs = {int(f.stem.split("rank")[1]): list(read_batch_log(f)) for f in dump.glob("batches-rank*.log")}
+    per_step = GLOBAL_BATCH // LOCAL_BATCH // len(logs)
+
+    def delivered(rank: int, steps: int) -> int:
+        return sum((Counter(b.tokens) for b in logs[rank][: steps * per_step]), Counter())[0]
+
+    assert ev[tokens_tag] == {s: delivered(0, s) for s in range(1, 7)}
+    assert ev["zephon/batches"] == {s: s * per_step for s in range(1, 7)}
+    checkpointed = {3: 2, 4: 2, 5: 4, 6: 4}  # logged step -> the checkpoint before it
+    assert ev[f"zephon/run/tokens/{source}"] == {s: sum(delivered(r, c) for r in logs) for s, c in checkpointed.items()}
+    assert ev[f"zephon/run/share/{source}"] == dict.fromkeys(checkpointed, 1.0)
+    assert all(0.0 <= v <= 1.0 for v in ev["zephon/interval/wait_fraction"].values())
+    assert sorted(ev["zephon/interval/seconds"]) == [1, 2, 3, 4, 5, 6]
+    assert ev["zephon/stage"] == dict.fromkeys(range(1, 7), 0.0)
+    assert ref.log_text().count("zephon: stage 0 (") == 6  # the console line after each of TorchTitan's
 
 
 def test_every_global_step_has_the_same_samples_on_dp2_and_dp4(runs):

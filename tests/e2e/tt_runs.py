@@ -21,8 +21,12 @@ GLOBAL_BATCH, LOCAL_BATCH, SEQ_LEN = 8, 2, 128
 
 
 def launch(version: str, nproc: int, dump: Path, *, steps: int = 6, extra: list[str] = (), loader: dict | None = None,
-           resume_from: Path | None = None, check: bool = True, timeout: float = 900) -> harness.RunResult:
-    """One torchrun launch of llama3's debug model fed by Zephon; batches logged per rank."""
+           resume_from: Path | None = None, check: bool = True, timeout: float = 900,
+           metrics: bool = False) -> harness.RunResult:
+    """One torchrun launch of llama3's debug model fed by Zephon; batches logged per rank.
+
+    ``metrics``: Zephon's figures in TorchTitan's metrics, written to TensorBoard under ``dump/tb``.
+    """
     dump.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
         shutil.copytree(resume_from, dump / "checkpoint" / resume_from.name, dirs_exist_ok=True)
@@ -31,14 +35,19 @@ def launch(version: str, nproc: int, dump: Path, *, steps: int = 6, extra: list[
     common = ["--training.steps", str(steps), "--training.global_batch_size", str(GLOBAL_BATCH),
               "--training.local_batch_size", str(LOCAL_BATCH), "--training.seq_len", str(SEQ_LEN),
               "--checkpoint.enable", "--checkpoint.interval", "2", "--lr_scheduler.warmup_steps", "1"]
+    if metrics:
+        common += ["--metrics.enable_tensorboard"]
     if harness.normalize_version(version) == "0.3":
+        overrides = ["zephon_torchtitan.zephon_loader=" + json.dumps({"global_batch_size": GLOBAL_BATCH, **opts})]
+        overrides += ["zephon_torchtitan.zephon_metrics"] if metrics else []
         args = ["--module", "llama3", "--config", "llama3_debugmodel", "--hf_assets_path", str(ASSETS), "--dump_folder", str(dump),
-                "--override.imports", "zephon_torchtitan.zephon_loader=" + json.dumps({"global_batch_size": GLOBAL_BATCH, **opts}),
+                "--override.imports", *overrides,
                 "--training.mixed_precision_param", "float32", "--debug.seed", "0", "--metrics.log_freq", "1",
                 "--metrics.disable_color_printing", *common]
     else:
+        zephon = [f"--zephon.{k}={v}" for k, v in opts.items()] + (["--zephon.log_metrics"] if metrics else [])
         args = ["--job.config_file", str(TOML_022), "--model.hf_assets_path", str(ASSETS), "--job.dump_folder", str(dump),
-                *[f"--zephon.{k}={v}" for k, v in opts.items()], *common]
+                *zephon, *common]
     env = {"ZEPHON_BATCH_LOG": str(dump / "batches-rank{rank}.log"),
            "PYTHONPATH": f"{ROOT}:{ROOT / 'integrations' / 'torchtitan'}"}
     return harness.run_torchtitan(version, nproc, [*args, *extra], dump, env=env, cpu_defaults=False, timeout=timeout, check=check)
@@ -62,3 +71,4 @@ def steps_of(dump: Path, canonical_replicas: int, batches_per_step: int = GLOBAL
             prev = steps[key[1] // per_lane + 1].setdefault(key, digest)
             assert prev == digest, f"two ranks delivered different batches as lane {key[0]} batch {key[1]}"
     return dict(steps)
+

@@ -43,6 +43,10 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
                                          "(needed when DP > 1; default: the recipe's [aggregate] dir).")),
     ("--zephon-run-id", dict(type=str, default=None, metavar="ID",
                              help="Run name inside the aggregate folder, unique per training run (default: the recipe's).")),
+    ("--zephon-log-metrics", dict(action="store_true", default=False,
+                                  help="Every --log-interval, write Zephon's figures (zephon/...) to Megatron's "
+                                       "TensorBoard and W&B writers and its console (on the last rank, as Megatron's "
+                                       "own).")),
     ("--dataloader-save", dict(type=str, default=None, metavar="DIR",
                                help="Folder for the per-iteration loader state (Megatron's maybe_save_dataloader_state); "
                                     "the state of the resumed iteration is read back from it.")),
@@ -145,6 +149,7 @@ class Settings:
     aggregate_dir: str | None = None
     run_id: str | None = None
     dataloader_save: str | None = None
+    log_metrics: bool = False
 
     @classmethod
     def from_args(cls, args: Any) -> Settings:
@@ -160,6 +165,7 @@ class Settings:
             aggregate_dir=getattr(args, "zephon_aggregate_dir", None) or None,
             run_id=getattr(args, "zephon_run_id", None) or None,
             dataloader_save=getattr(args, "dataloader_save", None) or None,
+            log_metrics=bool(getattr(args, "zephon_log_metrics", False)),
         )
 
 

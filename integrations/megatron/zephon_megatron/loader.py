@@ -25,6 +25,10 @@ The provider is marked ``is_distributed`` so Megatron calls it on every rank:
 every rank runs the same start-up checks (and reads the resumed loader state),
 so a refusal stops all ranks alike instead of leaving some waiting in a
 collective.
+
+``--zephon-log-metrics``: global rank 0 takes the figures of its Pipeline every
+``--log-interval`` and the last rank, which holds Megatron's writers, writes them
+(``zephon_megatron.metrics``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from zephon_megatron import state as loader_state
 from zephon_megatron.args import Settings, fill_eval_interval, is_requested, to_external
 from zephon_megatron.batches import BatchFormat
 from zephon_megatron.iterators import TrainStream, ZephonTrainIterator, ZephonValidIterator, ZephonValidSet
+from zephon_megatron.metrics import MegatronMetrics
 from zephon_megatron.schedule import BatchSchedule, StepCounter
 from zephon_megatron.tokenizer import TokenizerAdapter, tokenizer_eod
 from zephon_megatron.validate import RunShape, ZephonMegatronError, check
@@ -252,6 +257,7 @@ class RankLoader:
         self.fmt = BatchFormat.from_args(args, self.eod)
         if place.loads:
             self.stream = self._stream(recipe, coord, schedule, resumed)
+        self.metrics = MegatronMetrics.set_up(args, self.stream) if settings.log_metrics else None
 
     def _stream(self, recipe: Recipe, coord: Coordination, schedule: BatchSchedule,
                 resumed: loader_state.LoaderState | None) -> TrainStream:
@@ -328,6 +334,12 @@ def provide(args: Any, vp_stage: int | None = None) -> tuple[Any, Any, Any]:
         _CURRENT["args"] = args
     loader: RankLoader = _CURRENT["loader"]
     return loader.train_for(vp_stage), loader.valid_for(vp_stage), None
+
+
+def current_metrics() -> MegatronMetrics | None:
+    """This rank's part in logging Zephon's figures (None: none, or ``--zephon-log-metrics`` is off)."""
+    loader: RankLoader | None = _CURRENT["loader"]
+    return loader.metrics if loader is not None else None
 
 
 def train_valid_test_datasets_provider(train_val_test_num_samples: Any, vp_stage: int | None = None) -> tuple[Any, Any, Any]:

@@ -22,7 +22,11 @@
      one also broadcasts them to tensor-parallel peers with fixed-shape receive
      buffers (which can wait forever for an attention mask Zephon does not
      send), calls ``next`` on a list of chunk iterators with virtual pipelines,
-     and on None on middle pipeline stages; no rank needs a skipped step's data.
+     and on None on middle pipeline stages; no rank needs a skipped step's data;
+
+4. ``training.training_log`` is followed, with ``--zephon-log-metrics``, by Zephon's figures
+   of the iteration in Megatron's TensorBoard / W&B writers and console
+   (``zephon_megatron.metrics``); without it, by nothing.
 
 Call it before the training script imports ``pretrain`` by name (``from
 megatron.training import pretrain``): ``python -m zephon_megatron.launch``
@@ -125,6 +129,23 @@ def wrap_dummy_train_step(original: Any) -> Any:
     return dummy_train_step
 
 
+@_wrap_once
+def wrap_training_log(original: Any) -> Any:
+    """``training_log``, then Zephon's figures of the same iteration on the ranks that take or write them."""
+    signature = inspect.signature(original)
+
+    def training_log(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        from zephon_megatron.loader import current_metrics
+
+        metrics = current_metrics()
+        if metrics is not None:
+            metrics.at_iteration(int(signature.bind(*args, **kwargs).arguments["iteration"]))
+        return result
+
+    return training_log
+
+
 def install() -> None:
     """Make this process's Megatron accept and use ``--dataloader-type zephon``."""
     install_arguments()
@@ -137,3 +158,4 @@ def install() -> None:
     mt.pretrain = wrapped
     mck.maybe_save_dataloader_state = wrap_save_dataloader_state(mck.maybe_save_dataloader_state)
     mtt.dummy_train_step = wrap_dummy_train_step(mtt.dummy_train_step)
+    mtt.training_log = wrap_training_log(mtt.training_log)

@@ -5,8 +5,9 @@ TorchTitan 0.3.x (Python recipes, overrides), on any recipe::
     --override.imports 'zephon_torchtitan.zephon_loader={"recipe": "configs/data/tt_train.toml"}'
 
 optionally with ``zephon_torchtitan.zephon_validation_loader={"recipe": ...}`` for
-``validator.dataloader``; or a whole recipe whose loader fields are
-``--dataloader.*`` flags::
+``validator.dataloader`` and ``zephon_torchtitan.zephon_metrics`` for Zephon's figures in
+TorchTitan's metrics (TensorBoard, W&B, the console); or a whole recipe whose loader
+fields are ``--dataloader.*`` flags::
 
     --module zephon_torchtitan --config llama3_debugmodel_zephon
 
@@ -25,8 +26,10 @@ except ImportError:  # 0.2.x: use zephon_torchtitan.tt02
     pass
 else:
     from torchtitan.components.dataloader import BaseDataLoader
+    from torchtitan.components.metrics import MetricsProcessor
 
-    from zephon_torchtitan.tt03 import ZephonDataLoader, ZephonTrainer
+    from zephon_core.integration import IntegrationError
+    from zephon_torchtitan.tt03 import ZephonDataLoader, ZephonMetricsProcessor, ZephonTrainer
 
     @override(target=BaseDataLoader.Config, fqns=["dataloader"], description="Zephon deterministic elastic loader")
     def zephon_loader(cfg: BaseDataLoader.Config, **kwargs: Any) -> ZephonDataLoader.Config:
@@ -39,4 +42,19 @@ else:
         kwargs.setdefault("infinite", False)
         return derive(cfg, ZephonDataLoader.Config, **kwargs)
 
-    __all__ = ["ZephonDataLoader", "ZephonTrainer", "zephon_loader", "zephon_validation_loader"]
+    @override(target=MetricsProcessor.Config, fqns=["metrics"], description="Zephon's figures in TorchTitan's metrics")
+    def zephon_metrics(cfg: MetricsProcessor.Config) -> ZephonMetricsProcessor.Config:
+        """Log Zephon's figures (``zephon/...``) with TorchTitan's own, every ``metrics.log_freq`` steps."""
+        if isinstance(cfg, ZephonMetricsProcessor.Config):
+            return cfg
+        if type(cfg) is not MetricsProcessor.Config:  # replacing the job's own processor would drop what it logs
+            raise IntegrationError(
+                "zephon: zephon_torchtitan.zephon_metrics replaces TorchTitan's MetricsProcessor, but this job's "
+                f"metrics processor is {type(cfg).__qualname__}; mix zephon_torchtitan.metrics.MetricsLogging into "
+                "that processor instead (before its base class) and set its zephon = "
+                "zephon_torchtitan.metrics.TrainingMetrics()"
+            )
+        return derive(cfg, ZephonMetricsProcessor.Config)
+
+    __all__ = ["ZephonDataLoader", "ZephonMetricsProcessor", "ZephonTrainer", "zephon_loader", "zephon_metrics",
+               "zephon_validation_loader"]

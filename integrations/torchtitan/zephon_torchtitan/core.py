@@ -9,6 +9,7 @@ TOML job files).
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -142,6 +143,8 @@ class ZephonStream:
         self.capacity = settings.state_capacity_bytes
         self.batches_per_step = batches_per_step
         self._iter: Iterator[Any] | None = None
+        if not validation:
+            _TRAINING_STREAM["latest"] = weakref.ref(self)
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         if self._iter is None:
@@ -168,6 +171,17 @@ class ZephonStream:
                 f"zephon: the checkpoint's dataloader state has no {STATE_KEY!r} (keys: {sorted(state_dict)}); it was not written by the Zephon loader"
             )
         self.pipeline.restore(decode_state(state_dict[STATE_KEY]))
+
+
+#: The training stream this process built last (TorchTitan builds one training loader per process),
+#: for the metrics processor (``zephon_torchtitan.metrics``).
+_TRAINING_STREAM: dict[str, weakref.ref[ZephonStream]] = {}
+
+
+def training_stream() -> ZephonStream | None:
+    """This process's training stream, for the metrics processor: TorchTitan hands neither one the other."""
+    ref = _TRAINING_STREAM.get("latest")
+    return ref() if ref is not None else None
 
 
 class StreamLoader:

@@ -9,7 +9,9 @@
     [zephon]
     recipe = "configs/data/tt_train.toml"
 
-Every ``[zephon]`` field is also a ``--zephon.<field>`` flag.
+Every ``[zephon]`` field is also a ``--zephon.<field>`` flag. ``log_metrics = true`` adds
+Zephon's figures to TorchTitan's metrics (the ``<model>_zephon`` train specs build
+``ZephonMetricsProcessor022``).
 """
 
 # No "from __future__ import annotations": TorchTitan 0.2 resolves the JobConfig field types itself.
@@ -18,11 +20,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.validate import Validator
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 
 from zephon_core.integration import IntegrationError
 from zephon_torchtitan.core import DEFAULT_STATE_CAPACITY, Settings, StreamLoader, ZephonStream
+from zephon_torchtitan.metrics import MetricsLogging, TrainingMetrics
 
 BASE_MODELS = ("llama3", "llama4", "qwen3", "deepseek_v3")
 
@@ -43,6 +47,8 @@ class ZephonSection:
     """Seconds rank 0 waits for the others at a checkpoint; 0 takes the recipe's."""
     state_capacity_bytes: int = DEFAULT_STATE_CAPACITY
     """Fixed size of the checkpoint slot; keep it equal between a save and its resume."""
+    log_metrics: bool = False
+    """Log Zephon's figures (zephon/...) with TorchTitan's metrics every [metrics] log_freq steps."""
 
 
 @dataclass
@@ -53,7 +59,7 @@ class JobConfig:
 
 
 _TYPES: dict[str, type | tuple[type, ...]] = {"recipe": str, "validation_recipe": str, "canonical_replicas": int, "aggregate_dir": str, "run_id": str,
-          "aggregate_timeout_s": (int, float), "state_capacity_bytes": int}
+          "aggregate_timeout_s": (int, float), "state_capacity_bytes": int, "log_metrics": bool}
 
 
 def settings_from(job_config: Any) -> Settings:
@@ -63,7 +69,7 @@ def settings_from(job_config: Any) -> Settings:
         raise IntegrationError("zephon: the job has no [zephon] section; set [job] custom_config_module = \"zephon_torchtitan.tt02\"")
     for name, kind in _TYPES.items():
         value = getattr(section, name)
-        if isinstance(value, bool) or not isinstance(value, kind):
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
             raise IntegrationError(f"zephon: [zephon] {name} must be {getattr(kind, '__name__', 'a number')}, got {value!r}")
     return Settings(
         recipe=section.recipe,
@@ -136,6 +142,20 @@ def build_zephon_validator(**kwargs: Any) -> ZephonValidator:
     return ZephonValidator(**kwargs)
 
 
+class ZephonMetricsProcessor022(MetricsLogging, MetricsProcessor):
+    """TorchTitan 0.2's ``MetricsProcessor``, logging Zephon's figures too when ``[zephon] log_metrics`` is on."""
+
+
+def build_zephon_metrics_processor(job_config: Any, parallel_dims: Any, model_args: Any = None,
+                                   tag: str | None = None) -> ZephonMetricsProcessor022:
+    """The train spec's metrics processor: TorchTitan's, plus Zephon's figures when asked for (else nothing more)."""
+    settings_from(job_config)  # type-checks [zephon] log_metrics with the rest
+    processor = ZephonMetricsProcessor022(job_config, parallel_dims, tag)
+    if job_config.zephon.log_metrics:
+        processor.zephon = TrainingMetrics()
+    return processor
+
+
 def register() -> list[str]:
     """Register ``<model>_zephon`` for each base model that exists; idempotent."""
     names = []
@@ -146,7 +166,11 @@ def register() -> list[str]:
         except Exception:  # a model this TorchTitan build does not have
             continue
         try:
-            register_train_spec(name, replace(spec, build_dataloader_fn=build_zephon_dataloader, build_validator_fn=build_zephon_validator))
+            # A model with a metrics processor of its own keeps it (and logs no Zephon figures).
+            metrics_fn = spec.build_metrics_processor_fn or build_zephon_metrics_processor
+            zephon_spec = replace(spec, build_dataloader_fn=build_zephon_dataloader,
+                                  build_validator_fn=build_zephon_validator, build_metrics_processor_fn=metrics_fn)
+            register_train_spec(name, zephon_spec)
         except ValueError:  # already registered (module imported twice)
             pass
         names.append(name)

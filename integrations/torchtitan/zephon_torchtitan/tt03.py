@@ -1,4 +1,5 @@
-"""TorchTitan 0.3.x: the loader class and its Config, and the Trainer that tells it the batch sizes.
+"""TorchTitan 0.3.x: the loader class and its Config, the Trainer that tells it the batch sizes, and
+the metrics processor that also logs Zephon's figures.
 
 TorchTitan 0.3.0 builds a loader with ``dp_world_size, dp_rank, tokenizer,
 seq_len, local_batch_size, snapshot_every_n_steps`` only: not with the global
@@ -13,6 +14,11 @@ loader (tested against torchtitan 0.3.0):
   (the value of ``--training.global_batch_size``) among the override's kwargs.
 
 A loader that learns neither warns on rank 0 that the rule is not checked.
+
+``ZephonMetricsProcessor`` (``--override.imports zephon_torchtitan.zephon_metrics``) is
+TorchTitan's ``MetricsProcessor`` whose ``log()`` adds Zephon's figures to every logged
+step. TorchTitan builds it before the loader and hands neither the other, so it reads
+the training loader this process built (``zephon_torchtitan.metrics``).
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
 from zephon_core.integration import IntegrationError, warn_unknown_step_size
 from zephon_torchtitan.core import DEFAULT_STATE_CAPACITY, Settings, StreamLoader, ZephonStream, coordination_identity
+from zephon_torchtitan.metrics import MetricsLogging, TrainingMetrics
 
 
 def batches_per_optimizer_step(global_batch_size: int, training_local_batch_size: int, local_batch_size: int,
@@ -137,3 +145,19 @@ class ZephonTrainer(Trainer):
     def __init__(self, config: Trainer.Config) -> None:
         fill_batch_sizes(config)
         super().__init__(config)
+
+
+class ZephonMetricsProcessor(MetricsLogging, MetricsProcessor):
+    """TorchTitan's ``MetricsProcessor``, logging Zephon's figures (``zephon/...``) with every logged step.
+
+    What TorchTitan logs is unchanged; ``[metrics]`` settings (``log_freq``, TensorBoard,
+    W&B, ``save_for_all_ranks``) apply to Zephon's figures as to its own.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(MetricsProcessor.Config):
+        pass
+
+    def __init__(self, config: MetricsProcessor.Config, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.zephon = TrainingMetrics()

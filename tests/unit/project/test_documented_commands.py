@@ -36,7 +36,9 @@ RULES: list[tuple[str, str, str]] = [
     (r"--job\.config_file configs/torchtitan/", "test", "tests/e2e/test_first_run.py::test_torchtitan_022_job_file_runs_as_written"),
     (r"--module zephon_torchtitan --config", "test", "tests/e2e/test_first_run.py::test_torchtitan_recipe_module_command_runs_as_written"),
     (r"^zephon inspect <dump>/checkpoint/step-N$", "test", "tests/e2e/test_first_run.py::test_torchtitan_022_job_file_runs_as_written"),
-    # The same override on llama3's debug model (llama3_8b does not fit a CPU).
+    # The same overrides on llama3's debug model (llama3_8b does not fit a CPU).
+    (r"--override\.imports 'zephon_torchtitan\.zephon_loader=.*zephon_torchtitan\.zephon_metrics", "test",
+     "tests/e2e/test_torchtitan_e2e.py::test_zephon_figures_are_in_torchtitans_tensorboard_at_every_logged_step"),
     (r"--override\.imports 'zephon_torchtitan\.zephon_loader=", "test",
      "tests/e2e/test_torchtitan_e2e.py::test_every_global_step_has_the_same_samples_on_dp2_and_dp4"),
     (r"-m zephon_megatron\.pretrain_gpt|bash configs/megatron/pretrain_gpt_wheel\.sh", "test",

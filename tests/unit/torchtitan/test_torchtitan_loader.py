@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchtitan")
 
 from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
+from tt022 import run_022  # noqa: E402
 
 import zephon_torchtitan as zt  # noqa: E402
 from zephon_core import StateError  # noqa: E402
@@ -143,9 +141,6 @@ def test_override_factories_swap_the_config():
 
 def test_torchtitan_02_glue_registers_specs_and_builds_a_loader():
     """TorchTitan 0.2.2 in a subprocess (it shadows 0.3 on PYTHONPATH)."""
-    tt022 = Path(sys.executable).resolve().parent.parent / "torchtitan-0.2.2"
-    if not tt022.is_dir():
-        tt022 = Path(os.environ.get("ZEPHON_TT022", ""))
     code = f"""
 import types, zephon_torchtitan.tt02 as t
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
@@ -167,10 +162,7 @@ else:
     raise SystemExit("a wrong type in [zephon] was accepted")
 print("ok")
 """
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tt022), str(ROOT), str(ROOT / "integrations" / "torchtitan")])
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+    run_022(code)
 
 
 def test_batch_sizes_come_from_the_config_never_from_the_call_stack(tok):

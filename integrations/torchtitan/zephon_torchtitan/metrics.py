@@ -1,0 +1,59 @@
+"""Zephon's figures in TorchTitan's metrics, for both generations: ``zephon/...`` beside its own.
+
+Never imports torchtitan: ``tt03.ZephonMetricsProcessor`` (0.3, the
+``zephon_torchtitan.zephon_metrics`` override) and ``tt02.ZephonMetricsProcessor022`` (0.2,
+``[zephon] log_metrics``) mix ``MetricsLogging`` into TorchTitan's own ``MetricsProcessor``.
+TorchTitan hands the processor no loader, so the figures are those of the training loader
+this process built (``core.training_stream``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from zephon_core.integration import IntervalMetrics, LoggedFigures
+from zephon_torchtitan.core import training_stream
+
+#: TorchTitan logs through the root logger: this child's records print among its own lines.
+LOG = logging.getLogger("zephon_torchtitan")
+
+
+class TrainingMetrics:
+    """One logging interval's Zephon figures of this process's training loader (``IntervalMetrics``)."""
+
+    def __init__(self, prefix: str = "zephon/") -> None:
+        self._interval = IntervalMetrics(prefix)
+        self._warned = False
+
+    def take(self) -> LoggedFigures | None:
+        stream = training_stream()
+        if stream is None:
+            if not self._warned:
+                self._warned = True
+                LOG.warning("zephon: Zephon's metrics are on, but this process built no Zephon training loader; "
+                            "nothing of Zephon's is logged")
+            return None
+        return self._interval.take(stream.pipeline.stats())
+
+
+class MetricsLogging:
+    """Mixed in before TorchTitan's ``MetricsProcessor``: every ``log()`` adds Zephon's figures to the step's.
+
+    They go into ``extra_metrics``, so the processor's own loggers (TensorBoard, W&B)
+    write them at the logged step, on the ranks TorchTitan writes from; Zephon's
+    console line follows TorchTitan's, on every rank as TorchTitan's does. With
+    ``zephon`` None nothing is added and no snapshot is taken.
+    """
+
+    zephon: TrainingMetrics | None = None
+
+    def log(self, step: int, global_avg_loss: float, global_max_loss: float, grad_norm: float,
+            extra_metrics: dict[str, Any] | None = None) -> None:
+        figures = self.zephon.take() if self.zephon is not None else None
+        if figures is not None:
+            extra_metrics = {**(extra_metrics or {}), **figures.scalars}
+        super().log(  # type: ignore[misc]
+            step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
+        if figures is not None:
+            LOG.info(figures.line)
