@@ -140,6 +140,10 @@ def plan_picture(
     )
     if tokens_per_step is None and tokens is not None:
         notes.append("steps unknown (no global_batch_size, seq_len): drawn over chunks")
+    by_documents = [name for name, (by, _) in zip(names, ws.stage_shares()) if by == "documents"]
+    if tokens is not None and by_documents:
+        notes.append(f"{', '.join(by_documents)} weigh{'s' if len(by_documents) == 1 else ''} documents: "
+                     "the token shares drawn are planned from the sources' mean document lengths")
     return Picture(
         title,
         [s.name for s in ws.sources],
