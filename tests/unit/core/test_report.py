@@ -260,3 +260,13 @@ def test_explain_plot_draws_the_plan(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "stage 2 'anneal'" in r.stdout and f"wrote {png}" in r.stdout and png.read_bytes()[:4] == b"\x89PNG"
 
+
+def test_the_docs_figures_regenerate(tmp_path):
+    """docs/img/watch_plan.png and watch_report.png come from `python scripts/watch_figures.py` (docs/cli.md)."""
+    assert "python scripts/watch_figures.py" in (ROOT / "docs" / "cli.md").read_text()
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "watch_figures.py"), str(tmp_path)], capture_output=True, text=True,
+                       timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "stage 2 'anneal'" in r.stdout
+    for name in ("watch_plan.png", "watch_report.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
