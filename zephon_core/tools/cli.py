@@ -1,4 +1,4 @@
-"""The ``zephon`` command line: plan, inspect, compare, verify and trace data.
+"""The ``zephon`` command line: plan, inspect, compare, verify, trace and report on data.
 
 Every command takes ``--help``. Errors print one line and exit 1 (``--debug``
 or ``ZEPHON_DEBUG=1`` adds the traceback); usage errors exit 2.
@@ -19,6 +19,7 @@ from zephon_core.tools.errors import CliError, debug_option, run
 from zephon_core.tools.index import add_index_parser
 from zephon_core.tools.init import add_init_parser
 from zephon_core.tools.progress import Progress
+from zephon_core.tools.report import add_plan_plot_options, add_report_parser
 from zephon_core.tools.shape import add_shape_options
 from zephon_core.tools.state_readers import load_state
 
@@ -53,6 +54,10 @@ def cmd_explain(a: argparse.Namespace) -> int:
         opts.setdefault("run_id", recipe.spec.aggregate.run_id or "run")
     p = _pipeline(recipe, a, **opts)
     print(p.explain(pipelines_per_node=a.per_node))
+    if a.plot:
+        from zephon_core.tools.report import plot_plan
+
+        plot_plan(p, recipe, a)
     return 0
 
 
@@ -89,13 +94,13 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 
 def _resume_check(a: argparse.Namespace) -> int:
     """A checkpoint (``a.a``) against a recipe (``a.b``): would the recipe's pipeline resume from it, and why (or why not)."""
+    from zephon_core.tools.shape import build, shape_of
+
     state = load_state(a.a)
     parse_lanes(state)
-    ops = {op.get("op"): op for op in state["definition"].get("ops", [])}
     # The run's sizes are in the checkpoint; options given on the command line win.
-    shape = argparse.Namespace(**{**vars(a), "seq_len": a.seq_len or ops.get("pack", {}).get("seq_len"),
-                                  "batch_size": a.batch_size or ops.get("batch", {}).get("batch_size")})
-    p = _pipeline(_recipe(a.b), shape, canonical_replicas=state["canonical_replicas"], prefetch=0)
+    shape = shape_of(a, state["definition"])
+    p = build(_recipe(a.b), shape, canonical_replicas=state["canonical_replicas"], prefetch=0)
     verdict = p.resume_verdict(state)
     print(("accepted: " if verdict.accepted else "refused: ") + verdict.message)
     for line in verdict.differences:
@@ -220,7 +225,8 @@ def _progress_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="zephon", description="Plan, inspect, compare, verify and trace Zephon data pipelines.")
+    ap = argparse.ArgumentParser(prog="zephon",
+                                 description="Plan, inspect, compare, verify, trace and report on Zephon pipelines.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     shape, progress = add_shape_options, _progress_options
@@ -230,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--per-node", type=int, help="pipelines per node (default LOCAL_WORLD_SIZE or 1)")
     p.add_argument("--canonical-replicas", type=int)
+    add_plan_plot_options(p)
     shape(p)
     p.set_defaults(fn=cmd_explain)
 
@@ -268,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     shape(p)
     p.set_defaults(fn=cmd_trace)
 
+    add_report_parser(sub)
     add_index_parser(sub)
     add_init_parser(sub)
     for sp in sub.choices.values():

@@ -23,6 +23,7 @@ EXTRAS = {
     "torchtitan": "torchtitan",
     "megatron": "megatron",
     "transformers": "megatron",
+    "matplotlib": "plot",
 }
 
 

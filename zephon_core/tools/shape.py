@@ -21,6 +21,7 @@ folder (TorchTitan's ``hf_assets_path``, Megatron's ``--tokenizer-model`` with
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,13 @@ class Shape:
     seq_len: int | None = None
     batch_size: int | None = None
     framework: str | None = None
+
+
+def shape_of(a: argparse.Namespace, definition: Mapping[str, Any] | None = None) -> Shape:
+    """The shape the command line gives; a seq_len or batch size not given comes from a checkpoint's ``definition``."""
+    ops = {op.get("op"): op for op in (definition or {}).get("ops", []) if isinstance(op, Mapping)}
+    seq_len = a.seq_len or ops.get("pack", {}).get("seq_len")
+    return Shape(a.tokenizer, seq_len, a.batch_size or ops.get("batch", {}).get("batch_size"), a.framework)
 
 
 def build(recipe: Recipe, shape: Shape, **options: Any) -> Pipeline:

@@ -42,8 +42,12 @@ def run_phase(
     batches_per_step: int,
     state: dict[str, Any] | None,
     on_step: Callable[[Phase], None] | None = None,
+    on_batch: Callable[[int, Batch], None] | None = None,
 ) -> tuple[list[StepRecord], dict[str, Any]]:
-    """Run ``phase.steps`` global steps on ``phase.dp_degree`` groups; returns the records and the merged state."""
+    """Run ``phase.steps`` global steps on ``phase.dp_degree`` groups; returns the records and the merged state.
+
+    ``on_batch(dp_group_id, batch)`` sees every batch as its group trains on it (to write an audit log, say).
+    """
     G = phase.dp_degree
     if batches_per_step % G:
         raise ConfigError(f"batches_per_step={batches_per_step} is not a multiple of dp_degree={G}: groups would take unequal shares")
@@ -57,10 +61,12 @@ def run_phase(
         records = []
         for _ in range(phase.steps):
             rows: list[tuple[str, tuple[Segment, ...]]] = []
-            for it in iters:
+            for gid, it in enumerate(iters):
                 for _ in range(per_group):
                     b = next(it)
                     rows.extend(zip(b.row_digests(), b.provenance))
+                    if on_batch is not None:
+                        on_batch(gid, b)
             rows.sort()
             records.append(StepRecord([d for d, _ in rows], [s for _, s in rows]))
             if on_step is not None:

@@ -44,7 +44,7 @@ def states(tmp_path_factory):
     return paths
 
 
-@pytest.mark.parametrize("command", ["explain", "inspect", "diff", "verify-elastic", "trace"])
+@pytest.mark.parametrize("command", ["explain", "inspect", "diff", "verify-elastic", "trace", "report"])
 def test_every_command_has_help(command):
     r = zephon(command, "--help")
     assert r.returncode == 0 and "usage: zephon " + command in r.stdout

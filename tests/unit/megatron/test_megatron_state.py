@@ -156,3 +156,20 @@ def test_zephon_inspect_reads_a_megatron_state_file(tmp_path, capsys):
     path = _write(tmp_path, 3, ls.encode(_state_after(3), iteration=3, batches_per_step=BPS))
     assert main(["inspect", path]) == 0
     assert "canonical_replicas: 4" in capsys.readouterr().out
+
+
+def test_zephon_report_reads_a_dataloader_save_folder_in_iteration_order(tmp_path):
+    from zephon_core.checkpoint.state import parse_lanes
+    from zephon_core.metrics import sum_tallies
+    from zephon_core.tools.cli import build_parser
+    from zephon_core.tools.report import load_run
+
+    states = {it: _state_after(it) for it in (5, 2)}
+    for it, state in states.items():
+        for rank in (0, 1):  # every data-parallel rank's file holds the same merged state
+            _write(tmp_path, it, ls.encode(state, iteration=it, batches_per_step=BPS), dp_rank=rank)
+    run = load_run(build_parser().parse_args(["report", str(tmp_path), "--batches-per-step", str(BPS)]))
+    assert run.history.steps.tolist() == [2, 5] and run.read == "2 checkpoints (iter_0000002 .. iter_0000005)"
+    whole = sum_tallies([lane.tally for lane in parse_lanes(states[5]).values()], 1, 1)
+    assert run.history.tokens[-1].tolist() == whole.tokens and run.history.batches.tolist() == [2 * BPS, 5 * BPS]
+    assert run.curriculum.sizes == [200] and run.curriculum.sizes_from == "the checkpoint"  # in-memory sources record theirs

@@ -23,7 +23,8 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[3]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 DIST_OF_IMPORT = {"torch": "torch", "torchtitan": "torchtitan", "megatron": "megatron-core", "numpy": "numpy", "tokenizers": "tokenizers",
-                  "fsspec": "fsspec", "omegaconf": "omegaconf", "pyarrow": "pyarrow", "s3fs": "s3fs", "transformers": "transformers"}
+                  "fsspec": "fsspec", "omegaconf": "omegaconf", "pyarrow": "pyarrow", "s3fs": "s3fs", "transformers": "transformers",
+                  "matplotlib": "matplotlib"}
 
 
 def _name(requirement: str) -> str:
