@@ -196,8 +196,8 @@ class IntervalMetrics:
       are cumulative, as a dashboard plots them;
     * in place of the process-wide execution counters, which only ever grow, what they grew by
       since the previous ``take`` (the first one: since this object was made):
-      ``interval/<counter>`` for every ``zephon_core.metrics.COUNTER_NAMES`` entry, plus
-      ``interval/seconds`` (wall time of the interval) and ``interval/wait_fraction`` (the
+      ``interval/<counter>`` for every ``zephon_core.metrics.COUNTER_NAMES`` entry and for the
+      pipeline's ``wait_s``, plus ``interval/seconds`` (wall time of the interval) and ``interval/wait_fraction`` (the
       share of it the training loop spent waiting for batches).
 
     One object per logging rank; making it reads the counters, never the pipeline.
@@ -208,6 +208,7 @@ class IntervalMetrics:
         self._clock = clock
         self._since = clock()
         self._counters = COUNTERS.snapshot()
+        self._waited = 0.0  # the pipeline's wait_s at the previous take
 
     def take(self, stats: PipelineStats) -> LoggedFigures:
         """The figures of the interval that ends now."""
@@ -216,11 +217,15 @@ class IntervalMetrics:
         grew = {name: float(stats.counters[name]) - self._counters.get(name, 0.0) for name in COUNTER_NAMES}
         self._since, self._counters = now, {name: float(stats.counters[name]) for name in COUNTER_NAMES}
         p = self.prefix
-        scalars = {name: value for name, value in stats.scalars(p).items() if name[len(p):] not in COUNTER_NAMES}
+        cumulative = {*COUNTER_NAMES, "wait_s"}
+        scalars = {name: value for name, value in stats.scalars(p).items() if name[len(p):] not in cumulative}
         scalars.update({f"{p}interval/{name}": value for name, value in grew.items()})
+        waited = stats.wait_s - self._waited
+        self._waited = stats.wait_s
+        scalars[f"{p}interval/wait_s"] = waited
         scalars[f"{p}interval/seconds"] = seconds
-        scalars[f"{p}interval/wait_fraction"] = grew["wait_s"] / seconds if seconds > 0 else 0.0
-        return LoggedFigures(scalars, console_line(stats, grew["wait_s"], seconds))
+        scalars[f"{p}interval/wait_fraction"] = waited / seconds if seconds > 0 else 0.0
+        return LoggedFigures(scalars, console_line(stats, waited, seconds))
 
 
 def console_line(stats: PipelineStats, waited_s: float, seconds: float) -> str:

@@ -126,7 +126,7 @@ def _stage_verdict(found: Divergence, old: Mapping[str, Any], lanes: Mapping[int
         first_ok = f"at global chunk {frontier} or later{_where(read_from, frontier)}"
     return Verdict(
         False,
-        f"{CHANGED_DATA}: {changes}, but the checkpoint's lanes have read {read}; a stage that is appended or "
-        f"changed must start {first_ok}: {_summary(found.reasons)}",
+        f"{CHANGED_DATA}: {changes}, but the checkpoint's lanes have read {read}; "
+        f"a stage that is appended or changed must start {first_ok}: {_summary(found.reasons)}",
         found.reasons,
     )
