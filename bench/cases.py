@@ -875,8 +875,10 @@ def case_state_bytes(a: dict) -> None:
     p.close()
     out["tokenize_pipeline_C8_total"] = len(canonical_json(st))
     out["tokenize_pipeline_definition"] = len(canonical_json(st["definition"]))
-    # A far-future lane: every cursor field at 10^9 (digits grow with progress)
-    far = {"cursor": [10**9, 10**6, 10**6, 10**4], "delivered": 10**9}
+    # A far-future lane: every cursor field at 10^9 (digits grow with progress), and its tally of one
+    # source: 10^9 batches of 8 rows, 10^13 tokens (a lane's share of a very long run)
+    far_tally = {"since": 0, "rows": 8 * 10**9, "padding": 10**9, "cut": 10**10, "tokens": [[10**13]], "documents": [[10**10]]}
+    far = {"cursor": [10**9, 10**6, 10**6, 10**4], "delivered": 10**9, "tally": far_tally}
     out["far_lane_bytes"] = len(canonical_json({"63": far})) - 2 + 1  # entry plus its comma
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -1022,6 +1024,7 @@ CASES = {
     "aggregate": case_aggregate,
     "aggregate_scale": case_aggregate_scale,
     "state_bytes": case_state_bytes,
+    "stats_overhead": case_stats_overhead,
     "profile_target": case_profile_target,
     "prepare": case_prepare,
     "digests": case_digests,

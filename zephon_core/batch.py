@@ -65,11 +65,6 @@ def row_layout(segments: np.ndarray, n_rows: int, width: int) -> tuple[np.ndarra
     return positions, valid
 
 
-# ``(table, lo, hi)``: a batch's segments are ``table[lo:hi]`` of the table shared by the batches cut from one
-# run of rows. Consecutive delivered batches of a run are then counted as one slice (``pipeline.engine.Ledger``).
-SegmentSpan = tuple[np.ndarray, int, int]
-
-
 class Batch:
     """Rows ``[B, L]`` as NumPy arrays (``torch.from_numpy`` shares them); immutable.
 
@@ -84,8 +79,7 @@ class Batch:
     never reads them does not pay for them. Given explicitly, they are kept as given.
     """
 
-    __slots__ = ("input_ids", "labels", "lane", "lane_index", "cursor", "segments", "stage", "_positions", "_loss_mask", "_provenance",
-                 "_table")
+    __slots__ = ("input_ids", "labels", "lane", "lane_index", "cursor", "segments", "stage", "_positions", "_loss_mask", "_provenance")
 
     input_ids: np.ndarray
     labels: np.ndarray
@@ -97,7 +91,6 @@ class Batch:
     _positions: np.ndarray | None
     _loss_mask: np.ndarray | None
     _provenance: tuple[tuple[Segment, ...], ...] | None
-    _table: SegmentSpan | None  # where ``segments`` lie in the table of the run it was cut from (see SegmentSpan)
 
     def __init__(self, input_ids: np.ndarray, labels: np.ndarray, positions: np.ndarray | None = None,
                  loss_mask: np.ndarray | None = None, *, lane: int, lane_index: int, cursor: Cursor, segments: np.ndarray,
@@ -113,7 +106,6 @@ class Batch:
         put(self, "_positions", positions)
         put(self, "_loss_mask", loss_mask)
         put(self, "_provenance", None)
-        put(self, "_table", None)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Batch is immutable: cannot set {name!r}")

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,18 +49,28 @@ class Counters:
         with self._lock:
             self._values[name] += amount
 
-    @contextmanager
-    def timed(self, name: str) -> Iterator[None]:
-        """Adds the seconds the ``with`` block took to ``name``."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(name, time.perf_counter() - t0)
+    def timed(self, name: str) -> _Timed:
+        """A ``with`` block whose seconds are added to ``name``."""
+        return _Timed(self, name)
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
             return dict(self._values)
+
+
+class _Timed:
+    """``Counters.timed``: a plain class, not a generator-based context manager, which costs several times more."""
+
+    __slots__ = ("_counters", "_name", "_t0")
+
+    def __init__(self, counters: Counters, name: str) -> None:
+        self._counters, self._name = counters, name
+
+    def __enter__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._counters.add(self._name, time.perf_counter() - self._t0)
 
 
 COUNTERS = Counters()

@@ -15,10 +15,11 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
-from zephon_core.batch import Batch, Cursor, SegmentSpan
+from zephon_core.batch import Batch, Cursor
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.lane.chunks import LaneChunks
 from zephon_core.lane.docops import DocOpRunner
@@ -27,6 +28,18 @@ from zephon_core.lane.ops import BatchOp, DocOp, PackOp, ShuffleOp
 from zephon_core.lane.packing import ConcatPacker, PadPacker, Position, RowBlock
 from zephon_core.lane.reader import PieceReader
 from zephon_core.lane.window import InOrder, ShuffleWindow
+
+
+class CutRecord(NamedTuple):
+    """Batches ``first .. first + batches - 1`` of a lane, ``rows`` rows each: batch ``first + i`` holds the segments
+    ``table[bounds[i]:bounds[i + 1]]``. One record per run of rows cut, so what a run of delivered batches held is
+    a slice of one table (``pipeline.engine.Ledger`` counts it), not a NumPy call per batch."""
+
+    first: int
+    batches: int
+    rows: int
+    table: np.ndarray
+    bounds: list[int]
 
 
 def make_packer(pack: PackOp) -> ConcatPacker | PadPacker:
@@ -74,6 +87,7 @@ class LaneStream:
         self._rows = InOrder(feed, cursor) if shuffle is None else ShuffleWindow(feed, shuffle, cursor)
         self._produced = delivered
         self._ready: deque[Batch] = deque()  # cut, not yet handed out
+        self.cut_log: deque[CutRecord] = deque()  # what the batches cut hold, for the delivery ledger to count
         self._partial: tuple[RowBlock, Cursor] | None = None  # rows short of a batch, and the cursor after them
         self._ended = False
 
@@ -115,13 +129,14 @@ class LaneStream:
             cuts = rows.segment_starts()[: n * B + 1 : B].tolist()
             for i in range(n):
                 self._emit(rows.tokens[i * B : (i + 1) * B], run.cursor_after(at + (i + 1) * B - 1), segments[cuts[i] : cuts[i + 1]],
-                           (segments, cuts[i], cuts[i + 1]))
+                           logged=True)
+            self.cut_log.append(CutRecord(self._produced - n, n, B, segments, cuts))
         if n * B < len(rows):
             self._partial = (rows.rows(n * B, len(rows)), run.cursor_after(at + len(rows) - 1))
 
-    def _emit(self, rows: np.ndarray, cursor: Cursor, segments: np.ndarray, table: SegmentSpan | None = None) -> None:
-        b = Batch(rows[:, :-1], rows[:, 1:], lane=self.lane, lane_index=self._produced, cursor=cursor, segments=segments)
-        if table is not None:
-            object.__setattr__(b, "_table", table)
-        self._ready.append(b)
+    def _emit(self, rows: np.ndarray, cursor: Cursor, segments: np.ndarray, logged: bool = False) -> None:
+        """Hand out one batch; ``logged``: its caller logs the run it belongs to, with the others cut from it."""
+        if not logged:
+            self.cut_log.append(CutRecord(self._produced, 1, len(rows), segments, [0, len(segments)]))
+        self._ready.append(Batch(rows[:, :-1], rows[:, 1:], lane=self.lane, lane_index=self._produced, cursor=cursor, segments=segments))
         self._produced += 1

@@ -6,19 +6,18 @@ import queue
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-import numpy as np
-
-from zephon_core.batch import Batch, Cursor, SegmentSpan
+from zephon_core.batch import Batch, Cursor
 from zephon_core.checkpoint.state import LaneState
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.lane.assignment import next_lane
 from zephon_core.lane.docops import DocOpRunner
 from zephon_core.lane.ops import BatchOp, DocOp, PackOp, ShuffleOp
-from zephon_core.lane.stream import LaneStream
+from zephon_core.lane.stream import CutRecord, LaneStream
 from zephon_core.metrics import Tally
 from zephon_core.pipeline.options import Identity, Options
 
@@ -48,41 +47,39 @@ def _stop_engines_at_exit() -> None:
 threading._register_atexit(_stop_engines_at_exit)  # type: ignore[attr-defined]
 
 
-# Runs of delivered batches a lane holds before counting them into its tally in one pass.
-FOLD_AT = 64
+# Delivered batches a lane holds before counting them into its tally in one pass.
+FOLD_AT = 512
 
 
-class _Uncounted:
-    """One lane's delivered batches not yet in its tally: their segment slices, rows, and the stage they count in."""
+class _LaneCount:
+    """One lane's counting: batches already in its tally, the stage they count in, and where that stage ends."""
 
-    __slots__ = ("spans", "table", "lo", "hi", "rows", "chunk", "stage")
+    __slots__ = ("counted", "stage", "bound")
 
-    def __init__(self) -> None:
-        self.spans: list[SegmentSpan] = []  # closed slices of run tables
-        self.table: np.ndarray | None = None  # the open slice: table[lo:hi], grown batch by batch
-        self.lo = self.hi = self.rows = 0
-        self.chunk, self.stage = -2, 0  # the lane chunk the last batch counted in, and its stage
-
-    def close_span(self) -> None:
-        if self.table is not None:
-            self.spans.append((self.table, self.lo, self.hi))
-            self.table = None
+    def __init__(self, counted: int) -> None:
+        self.counted = counted  # the lane's batches before this one are in its tally
+        self.stage = 0
+        self.bound = 0  # no batch before the lane's cursor reaches this lane chunk can count in another stage
 
 
 class Ledger:
     """Per owned lane: the cursor, count and tally of the batches delivered to the caller.
 
-    Batches are counted in bulk (``FOLD_AT`` runs of them at a time, or when the tallies are
-    read): recording one costs a few Python operations, not NumPy calls. Consecutive batches
-    cut from one run of rows share its segment table, so they add up to one slice of it.
+    Recording a batch costs a few Python operations: what the delivered batches held is
+    counted in bulk, from the lane stream's ``cut_log`` (one record per run of rows cut), when
+    ``FOLD_AT`` of them have gathered, when the lane enters another stage, or when the tallies
+    are read.
     """
 
-    def __init__(self, start: Mapping[int, LaneState], work_source: WorkSource, C: int, width: int) -> None:
+    def __init__(self, start: Mapping[int, LaneState], work_source: WorkSource, C: int, width: int,
+                 cut_logs: Mapping[int, deque[CutRecord]]) -> None:
         self._at = {lane: (st.cursor, st.delivered) for lane, st in start.items()}  # LaneState fields, built when asked
         self._tallies = {lane: st.tally.copy() if st.tally else Tally(since=st.delivered) for lane, st in start.items()}
-        self._open = {lane: _Uncounted() for lane in start}
+        self._count = {lane: _LaneCount(st.delivered) for lane, st in start.items()}
+        self._logs = cut_logs
         self.waited_s = 0.0  # seconds the caller spent inside next()
         self._work_source = work_source
+        self._starts = work_source.stage_starts()
         self._C = C
         self._width = width  # tokens per row: seq_len + 1
         self._n_sources = len(work_source.sources)
@@ -91,44 +88,49 @@ class Ledger:
         return {lane: delivered for lane, (_, delivered) in self._at.items()}
 
     def record(self, b: Batch) -> None:
-        """Count a batch handed to the caller, and mark it with its stage (kept lean: this runs for every batch)."""
-        lane, cursor = b.lane, b.cursor
-        self._at[lane] = (cursor, b.lane_index + 1)
-        u = self._open[lane]
-        k = cursor.chunk if (cursor.document or cursor.token) else cursor.chunk - 1  # as Cursor.last_chunk
-        if k != u.chunk:  # stages change rarely: look one up only when the chunk changes
-            stage = self._work_source.stage_of(lane + max(k, 0) * self._C)
-            if stage != u.stage:
-                self._fold(lane)  # the batches held so far count in the stage before
-                u.stage = stage
-            u.chunk = k
-        span = b._table
-        if span is not None and span[0] is u.table and span[1] == u.hi:
-            u.hi = span[2]  # the next batch of the same run: one longer slice
-        else:
-            u.close_span()
-            u.table, u.lo, u.hi = span if span is not None else (b.segments, 0, len(b.segments))
-            if len(u.spans) >= FOLD_AT:
-                self._fold(lane)
-        u.rows += len(b.input_ids)
-        if u.stage:  # known only now, at delivery: the stream that cut the batch does not track stages
-            object.__setattr__(b, "stage", u.stage)
+        """Note a batch handed to the caller, and mark it with its stage (kept lean: this runs for every batch)."""
+        lane, cursor, index = b.lane, b.cursor, b.lane_index
+        self._at[lane] = (cursor, index + 1)
+        c = self._count[lane]
+        if cursor.chunk >= c.bound:  # the lane may have reached another stage
+            self._restage(lane, c, cursor, index)
+        if index + 1 - c.counted >= FOLD_AT:
+            self._fold(lane, index + 1)
+        if c.stage:  # known only now, at delivery: the stream that cut the batch does not track stages
+            object.__setattr__(b, "stage", c.stage)
 
-    def _fold(self, lane: int) -> None:
-        u = self._open[lane]
-        u.close_span()
+    def _restage(self, lane: int, c: _LaneCount, cursor: Cursor, index: int) -> None:
+        """The stage of the chunk the lane stands in (``Cursor.last_chunk``), and the lane chunk where the next begins."""
+        stage = self._work_source.stage_of(lane + cursor.last_chunk * self._C)
+        if stage != c.stage:
+            self._fold(lane, index)  # the batches before this one count in the stage before
+            c.stage = stage
+        nxt = self._starts[stage + 1] if stage + 1 < len(self._starts) else None
+        c.bound = -(-(nxt - lane) // self._C) if nxt is not None else 1 << 62
+
+    def _fold(self, lane: int, upto: int) -> None:
+        """Count the lane's delivered batches ``counted .. upto - 1`` into its tally."""
+        c, log = self._count[lane], self._logs[lane]
+        tables, rows, k = [], 0, c.counted
+        while k < upto:
+            r = log[0]
+            lo, hi = k - r.first, min(upto - r.first, r.batches)
+            tables.append(r.table[r.bounds[lo] : r.bounds[hi]])
+            rows += (hi - lo) * r.rows
+            k = r.first + hi
+            if hi == r.batches:
+                log.popleft()
         tally = self._tallies[lane]
-        tally.rows += u.rows
-        tally.padding += u.rows * self._width  # less the tokens the segments fill (add_segments)
-        tally.add_segments([table[lo:hi] for table, lo, hi in u.spans], u.stage, self._n_sources)
-        u.spans.clear()
-        u.rows = 0
+        tally.rows += rows
+        tally.padding += rows * self._width  # less the tokens the segments fill (add_segments)
+        tally.add_segments(tables, c.stage, self._n_sources)
+        c.counted = upto
 
     def lane_states(self, copy: bool = True) -> dict[int, LaneState]:
         """The lanes after the last delivered batch; ``copy=False`` shares the live tallies (read them at once)."""
         out = {}
         for lane, (cursor, delivered) in self._at.items():
-            self._fold(lane)
+            self._fold(lane, delivered)
             tally = self._tallies[lane]
             out[lane] = LaneState(cursor, delivered, tally.copy() if copy else tally)
         return out
@@ -157,7 +159,8 @@ class Engine:
             )
             for lane, st in start.items()
         }
-        self._ledger = Ledger(start, work_source, ident.canonical_replicas, pack.seq_len + 1)
+        self._ledger = Ledger(start, work_source, ident.canonical_replicas, pack.seq_len + 1,
+                              {lane: stream.cut_log for lane, stream in self._streams.items()})
         self._stop = threading.Event()
         self._queue: queue.SimpleQueue[Any] | None = None
         self._gen = self._produce()
