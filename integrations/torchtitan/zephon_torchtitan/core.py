@@ -24,6 +24,7 @@ from zephon_core.integration import (
     Topology,
     load_training_recipe,
     next_multiple,
+    pipeline_options,
     refuse,
     resolve_coordination,
     topology_problems,
@@ -124,12 +125,8 @@ class ZephonStream:
         refuse(topology_problems(topology, TERMS))
         tok = TokenizerAdapter(tokenizer) if not recipe.pretokenized else None
         # pipelines_per_node is left to the core's default: LOCAL_WORLD_SIZE, set by torchrun.
-        options: dict[str, Any] = dict(
-            dp_degree=dp_world_size, dp_group_id=dp_rank, canonical_replicas=coord.canonical_replicas, world_size=world_size,
-            global_rank=global_rank,
-        )
-        if world_size > 1:
-            options.update(aggregate_dir=coord.aggregate_dir, run_id=coord.run_id, aggregate_timeout_s=coord.aggregate_timeout_s)
+        options = pipeline_options(coord, dp_degree=dp_world_size, dp_group_id=dp_rank, world_size=world_size,
+                                   global_rank=global_rank)
         self.pipeline: Pipeline = recipe.build(
             seq_len=seq_len,
             batch_size=local_batch_size,
