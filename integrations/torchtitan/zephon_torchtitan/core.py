@@ -3,7 +3,7 @@ validators, the batch format and the checkpoint slot.
 
 Imports torch, never torchtitan: the version-specific glue lives in
 ``tt03.py`` (0.3.x, config recipes and overrides) and ``tt02.py`` (0.2.x,
-TOML job files).
+TOML job files); the settings both declare, in ``settings.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,28 +29,13 @@ from zephon_core.integration import (
     topology_problems,
 )
 from zephon_core.tools.audit import log_line, open_batch_log
+from zephon_torchtitan.settings import DEFAULT_STATE_CAPACITY as DEFAULT_STATE_CAPACITY  # re-exported beside the slot it sizes
+from zephon_torchtitan.settings import Settings
 
 #: TorchTitan's ignore index for labels (torchtitan.components.loss.IGNORE_INDEX).
 IGNORE_INDEX = -100
 #: DCP key under ``dataloader.``; one value, identical on every rank (the merged state).
 STATE_KEY = "zephon_state"
-#: Bytes reserved for the state in the checkpoint: DCP loads tensors into
-#: pre-sized buffers, so the slot has a fixed size that must not change between
-#: a save and its load. 256 KiB holds thousands of lanes.
-DEFAULT_STATE_CAPACITY = 1 << 18
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The adapter's own settings, whatever config generation carried them."""
-
-    recipe: str
-    canonical_replicas: int = 0  # 0: from the recipe
-    aggregate_dir: str = ""  # "": from the recipe
-    run_id: str = ""  # "": from the recipe
-    aggregate_timeout_s: float = 0.0  # 0: from the recipe
-    state_capacity_bytes: int = DEFAULT_STATE_CAPACITY
-
 
 class TokenizerAdapter:
     """Encodes with a TorchTitan tokenizer; batch-encodes through its ``tokenizers.Tokenizer``."""
