@@ -7,7 +7,10 @@ names) into these calls and nothing more:
   tokenizer, sequence length and batch size itself (so ``[standalone]`` is refused);
 * ``resolve_coordination``: ``canonical_replicas``, the aggregation folder,
   ``run_id`` and timeout, from the adapter's options, the recipe, a resumed
-  state and the data-parallel degree, in that order of precedence;
+  state and the data-parallel degree, in that order of precedence
+  (``resolve_canonical_replicas``: the lanes alone, also before a resumed state is read);
+* ``pipeline_options``: the ``Pipeline.options`` of one pipeline, from the resolved
+  coordination and its data and coordination identity;
 * ``topology_problems`` / ``refuse``: the start-up rules of the elastic
   guarantee, every broken one reported at once, worded in the framework's terms;
 * ``IntegrationError``: the one error type of an adapter's refusals;
@@ -86,16 +89,43 @@ def resolve_coordination(
     """Adapter options (None or empty: unset) win over the recipe; ``canonical_replicas`` then
     falls back to a resumed state's, then to ``dp_degree`` (the first run's)."""
     spec = recipe.spec
-    C = canonical_replicas or spec.canonical_replicas
-    if not C and resumed_state is not None:
-        C = int(resumed_state["canonical_replicas"])
+    lanes = resolve_canonical_replicas(recipe, dp_degree=dp_degree, setting=canonical_replicas, resumed_state=resumed_state)
     folder = aggregate_dir or (recipe.resolve(spec.aggregate.dir) if spec.aggregate.dir else None)
     return Coordination(
-        canonical_replicas=int(C or dp_degree),
+        canonical_replicas=lanes or dp_degree,
         aggregate_dir=folder,
         run_id=run_id or spec.aggregate.run_id,
         aggregate_timeout_s=float(aggregate_timeout_s or spec.aggregate.timeout_s),
     )
+
+
+def resolve_canonical_replicas(recipe: Recipe, *, dp_degree: int, setting: int | None = None,
+                               resumed_state: Mapping[str, Any] | None = None, resuming: bool = False) -> int | None:
+    """The run's lanes: the adapter's ``setting`` (None or 0: unset), else the recipe's, else a resumed
+    state's, else ``dp_degree`` (the first run's); None while they are unknown (``resuming``: the run
+    resumes from a state not read yet)."""
+    lanes = setting or recipe.spec.canonical_replicas
+    if not lanes and resumed_state is not None:
+        lanes = int(resumed_state["canonical_replicas"])
+    if not lanes and resuming:
+        return None
+    return int(lanes or dp_degree)
+
+
+def pipeline_options(coordination: Coordination, *, dp_degree: int, dp_group_id: int, world_size: int = 1,
+                     global_rank: int = 0) -> dict[str, Any]:
+    """``Pipeline.options`` for one pipeline: its data identity and lanes, and, when several pipelines
+    checkpoint together (``world_size > 1``), its coordination identity and how they merge their progress.
+
+    With ``world_size == 1`` the aggregation settings are left to the recipe's own defaults: a lone
+    pipeline never merges with another.
+    """
+    options: dict[str, Any] = dict(dp_degree=dp_degree, dp_group_id=dp_group_id,
+                                   canonical_replicas=coordination.canonical_replicas)
+    if world_size > 1:
+        options.update(world_size=world_size, global_rank=global_rank, aggregate_dir=coordination.aggregate_dir,
+                       run_id=coordination.run_id, aggregate_timeout_s=coordination.aggregate_timeout_s)
+    return options
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_core import Pipeline
-from zephon_core.integration import Coordination, load_training_recipe, resolve_coordination
+from zephon_core.integration import (
+    Coordination,
+    load_training_recipe,
+    pipeline_options,
+    resolve_canonical_replicas,
+    resolve_coordination,
+)
 from zephon_core.recipe import Recipe
 from zephon_megatron import state as loader_state
 from zephon_megatron.args import Settings, fill_eval_interval, is_requested, to_external
@@ -118,9 +124,9 @@ def prepare(args: Any) -> bool:
     fill_eval_interval(args)
     settings = Settings.from_args(args)
     recipe = _recipe(settings.recipe, "--zephon-recipe")
-    C = settings.canonical_replicas or recipe.spec.canonical_replicas
-    if C is None and not getattr(args, "load", None):
-        C = int(args.data_parallel_size)  # a fresh run: the default the provider will use too
+    # Resuming, the lanes may come from the loader state, which the provider reads later.
+    C = resolve_canonical_replicas(recipe, dp_degree=int(args.data_parallel_size), setting=settings.canonical_replicas,
+                                   resuming=bool(getattr(args, "load", None)))
     schedule = BatchSchedule.from_megatron(args)
     check(shape_of(args, settings, recipe, C=C, schedule=schedule))
     _name_validation_sets(args, settings)
@@ -262,10 +268,10 @@ class RankLoader:
     def _stream(self, recipe: Recipe, coord: Coordination, schedule: BatchSchedule,
                 resumed: loader_state.LoaderState | None) -> TrainStream:
         place, args = self.place, self.args
-        options: dict[str, Any] = dict(dp_degree=place.dp, dp_group_id=place.dp_rank, canonical_replicas=coord.canonical_replicas)
-        if place.saves and place.dp > 1:
-            options.update(world_size=place.dp, global_rank=place.dp_rank, aggregate_dir=coord.aggregate_dir,
-                           run_id=coord.run_id, aggregate_timeout_s=coord.aggregate_timeout_s)
+        # Only the saving Pipeline of each data-parallel rank checkpoints with the others.
+        world_size = place.dp if place.saves else 1
+        options = pipeline_options(coord, dp_degree=place.dp, dp_group_id=place.dp_rank, world_size=world_size,
+                                   global_rank=place.dp_rank)
         pipeline = recipe.build(seq_len=args.seq_length, batch_size=args.micro_batch_size, tokenizer=self.tok, bos_id=None,
                                 eos_id=self.eod if self.tok is not None else None, global_batch_size=_stage_batch(recipe, schedule),
                                 **options)
@@ -283,7 +289,7 @@ class RankLoader:
     def _held_out(self, path: str, batch_size: int) -> Callable[[], Pipeline]:
         held_out = _recipe(path, "--zephon-valid-recipe")
         place, args, tok, eod = self.place, self.args, self.tok, self.eod
-        valid_C = held_out.spec.canonical_replicas or place.dp
+        valid_C = resolve_canonical_replicas(held_out, dp_degree=place.dp)
 
         def make() -> Pipeline:
             return held_out.build(seq_len=args.seq_length, batch_size=batch_size, tokenizer=tok, bos_id=None,

@@ -3,7 +3,7 @@ validators, the batch format and the checkpoint slot.
 
 Imports torch, never torchtitan: the version-specific glue lives in
 ``tt03.py`` (0.3.x, config recipes and overrides) and ``tt02.py`` (0.2.x,
-TOML job files).
+TOML job files); the settings both declare, in ``settings.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,33 +23,19 @@ from zephon_core.integration import (
     Topology,
     load_training_recipe,
     next_multiple,
+    pipeline_options,
     refuse,
     resolve_coordination,
     topology_problems,
 )
 from zephon_core.tools.audit import log_line, open_batch_log
+from zephon_torchtitan.settings import DEFAULT_STATE_CAPACITY as DEFAULT_STATE_CAPACITY  # re-exported beside the slot it sizes
+from zephon_torchtitan.settings import Settings
 
 #: TorchTitan's ignore index for labels (torchtitan.components.loss.IGNORE_INDEX).
 IGNORE_INDEX = -100
 #: DCP key under ``dataloader.``; one value, identical on every rank (the merged state).
 STATE_KEY = "zephon_state"
-#: Bytes reserved for the state in the checkpoint: DCP loads tensors into
-#: pre-sized buffers, so the slot has a fixed size that must not change between
-#: a save and its load. 256 KiB holds thousands of lanes.
-DEFAULT_STATE_CAPACITY = 1 << 18
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The adapter's own settings, whatever config generation carried them."""
-
-    recipe: str
-    canonical_replicas: int = 0  # 0: from the recipe
-    aggregate_dir: str = ""  # "": from the recipe
-    run_id: str = ""  # "": from the recipe
-    aggregate_timeout_s: float = 0.0  # 0: from the recipe
-    state_capacity_bytes: int = DEFAULT_STATE_CAPACITY
-
 
 class TokenizerAdapter:
     """Encodes with a TorchTitan tokenizer; batch-encodes through its ``tokenizers.Tokenizer``."""
@@ -124,12 +109,8 @@ class ZephonStream:
         refuse(topology_problems(topology, TERMS))
         tok = TokenizerAdapter(tokenizer) if not recipe.pretokenized else None
         # pipelines_per_node is left to the core's default: LOCAL_WORLD_SIZE, set by torchrun.
-        options: dict[str, Any] = dict(
-            dp_degree=dp_world_size, dp_group_id=dp_rank, canonical_replicas=coord.canonical_replicas, world_size=world_size,
-            global_rank=global_rank,
-        )
-        if world_size > 1:
-            options.update(aggregate_dir=coord.aggregate_dir, run_id=coord.run_id, aggregate_timeout_s=coord.aggregate_timeout_s)
+        options = pipeline_options(coord, dp_degree=dp_world_size, dp_group_id=dp_rank, world_size=world_size,
+                                   global_rank=global_rank)
         self.pipeline: Pipeline = recipe.build(
             seq_len=seq_len,
             batch_size=local_batch_size,

@@ -16,8 +16,8 @@ Zephon's figures to TorchTitan's metrics (the ``<model>_zephon`` train specs bui
 
 # No "from __future__ import annotations": TorchTitan 0.2 resolves the JobConfig field types itself.
 
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, cast
 
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.metrics import MetricsProcessor
@@ -25,28 +25,18 @@ from torchtitan.components.validate import Validator
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 
 from zephon_core.integration import IntegrationError
-from zephon_torchtitan.core import DEFAULT_STATE_CAPACITY, Settings, StreamLoader, ZephonStream
+from zephon_torchtitan.core import StreamLoader, ZephonStream
 from zephon_torchtitan.metrics import MetricsLogging, TrainingMetrics
+from zephon_torchtitan.settings import Settings, settings_of
 
 BASE_MODELS = ("llama3", "llama4", "qwen3", "deepseek_v3")
 
 
-@dataclass
-class ZephonSection:
-    recipe: str = ""
-    """TOML data recipe for training."""
+@dataclass(kw_only=True)
+class ZephonSection(Settings):
+    # The adapter's Settings (zephon_torchtitan.settings, described there), and what only TorchTitan 0.2 needs.
     validation_recipe: str = ""
     """Held-out TOML data recipe for [validation]; required when validation is enabled."""
-    canonical_replicas: int = 0
-    """Lanes; 0 takes the recipe's value (or the first dp degree)."""
-    aggregate_dir: str = ""
-    """Shared folder or object-store prefix for checkpoint aggregation; "" takes the recipe's."""
-    run_id: str = ""
-    """Unique name of this run in aggregate_dir; "" takes the recipe's."""
-    aggregate_timeout_s: float = 0.0
-    """Seconds rank 0 waits for the others at a checkpoint; 0 takes the recipe's."""
-    state_capacity_bytes: int = DEFAULT_STATE_CAPACITY
-    """Fixed size of the checkpoint slot; keep it equal between a save and its resume."""
     log_metrics: bool = False
     """Log Zephon's figures (zephon/...) with TorchTitan's metrics every [metrics] log_freq steps."""
 
@@ -58,8 +48,9 @@ class JobConfig:
     zephon: ZephonSection = field(default_factory=ZephonSection)
 
 
-_TYPES: dict[str, type | tuple[type, ...]] = {"recipe": str, "validation_recipe": str, "canonical_replicas": int, "aggregate_dir": str, "run_id": str,
-          "aggregate_timeout_s": (int, float), "state_capacity_bytes": int, "log_metrics": bool}
+#: What each [zephon] field must hold; a float field also takes an integer (TOML's 30 for 30.0).
+_TYPES: dict[str, type | tuple[type, ...]] = {f.name: (int, float) if f.type is float else cast(type, f.type)
+                                              for f in fields(ZephonSection)}
 
 
 def settings_from(job_config: Any) -> Settings:
@@ -71,14 +62,7 @@ def settings_from(job_config: Any) -> Settings:
         value = getattr(section, name)
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
             raise IntegrationError(f"zephon: [zephon] {name} must be {getattr(kind, '__name__', 'a number')}, got {value!r}")
-    return Settings(
-        recipe=section.recipe,
-        canonical_replicas=section.canonical_replicas,
-        aggregate_dir=section.aggregate_dir,
-        run_id=section.run_id,
-        aggregate_timeout_s=float(section.aggregate_timeout_s),
-        state_capacity_bytes=section.state_capacity_bytes,
-    )
+    return replace(settings_of(section), aggregate_timeout_s=float(section.aggregate_timeout_s))
 
 
 class ZephonDataLoader022(StreamLoader, BaseDataLoader):

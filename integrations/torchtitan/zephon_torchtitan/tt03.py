@@ -31,8 +31,9 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
 from zephon_core.integration import IntegrationError, warn_unknown_step_size
-from zephon_torchtitan.core import DEFAULT_STATE_CAPACITY, Settings, StreamLoader, ZephonStream, coordination_identity
+from zephon_torchtitan.core import StreamLoader, ZephonStream, coordination_identity
 from zephon_torchtitan.metrics import MetricsLogging, TrainingMetrics
+from zephon_torchtitan.settings import Settings, settings_of
 
 
 def batches_per_optimizer_step(global_batch_size: int, training_local_batch_size: int, local_batch_size: int,
@@ -59,23 +60,12 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
     """
 
     @dataclass(kw_only=True, slots=True)
-    class Config(BaseDataLoader.Config):
-        recipe: str = ""
-        """TOML data recipe: sources, weights, seed, packing, canonical_replicas, aggregation."""
-        canonical_replicas: int = 0
-        """Lanes; 0 takes the recipe's value (or the first dp degree)."""
-        aggregate_dir: str = ""
-        """Shared folder or object-store prefix where ranks merge checkpoints; "" takes the recipe's."""
-        run_id: str = ""
-        """Unique name of this training run in aggregate_dir; "" takes the recipe's."""
-        aggregate_timeout_s: float = 0.0
-        """Seconds rank 0 waits for the others at a checkpoint; 0 takes the recipe's (default 180)."""
+    class Config(Settings, BaseDataLoader.Config):
+        # The adapter's Settings (zephon_torchtitan.settings, described there), and what only TorchTitan 0.3 needs.
         global_batch_size: int = 0
         """training.global_batch_size, for the step-size rule: ZephonTrainer fills it; pass it with --override.imports."""
         training_local_batch_size: int = 0
         """training.local_batch_size (ZephonTrainer fills it): resolves a negative (default) global_batch_size."""
-        state_capacity_bytes: int = DEFAULT_STATE_CAPACITY
-        """Fixed size of the checkpoint slot; keep it equal between a save and its resume."""
         infinite: bool = True
         """False for validation: one pass over a finite held-out recipe."""
 
@@ -94,14 +84,7 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
         if snapshot_every_n_steps is not None and (isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps, int)
                                                    or snapshot_every_n_steps < 1):
             raise IntegrationError(f"zephon: snapshot_every_n_steps must be a positive integer or None, got {snapshot_every_n_steps!r}")
-        settings = Settings(
-            recipe=config.recipe,
-            canonical_replicas=config.canonical_replicas,
-            aggregate_dir=config.aggregate_dir,
-            run_id=config.run_id,
-            aggregate_timeout_s=config.aggregate_timeout_s,
-            state_capacity_bytes=config.state_capacity_bytes,
-        )
+        settings = settings_of(config)
         validation = not config.infinite
         batches_per_step = None
         if not validation:
