@@ -1,0 +1,149 @@
+"""Packing windows of documents into rows by a fit rule (``pack(mode="best_fit" | "first_fit")``).
+
+A *fit window* is ``window`` consecutive documents of the lane (empty and
+filtered-out ones count: they keep their slot), starting at a document. Its
+documents are cut into items of at most a row (``overlong="split"``: pieces
+of a row each; ``"truncate"``: the first row's worth, the rest dropped and
+accounted), items are placed longest first (ties in lane order) into rows by
+the rule — ``first_fit``: the first row, in creation order, with room;
+``best_fit``: the row with the least room that fits — and the rows come out in
+creation order. A row holds at most ``max_docs`` stretches of documents.
+
+Nothing of one window reaches into the next, so a window is a pure function
+of the documents from its start on. The position after a row inside a window
+is ``(chunk, document, r)`` of the window's first document with ``r`` the
+window's rows already out (the position's token slot: a window starts at a
+document, so it has no token to name); after a window's last row it is the
+next window's first document, ``(chunk, document, 0)``. A packer started there
+(``seek``) reads from the window's first document and skips ``r`` rows: a
+restore repacks at most one window. A truncated document leaves a marker
+segment ``(row, source, document, L, L)`` (``L`` its length) right after the
+stretch kept, so a tally counts the dropped tokens from the segments alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zephon_core.errors import StateError
+from zephon_core.lane.packing import Packer, Position, RowBlock
+from zephon_core.lane.pieces import Piece
+
+# A document held in a window: lane chunk, document in it, source, document in the source, tokens.
+_Doc = tuple[int, int, int, int, np.ndarray]
+
+
+def place(lengths: list[int], width: int, best: bool, max_docs: int) -> list[int]:
+    """The row of each item, placed in the order given: the first row with room, or (``best``) the fullest with room.
+
+    A new row opens when none has room (or all that have hold ``max_docs`` items).
+    """
+    n = len(lengths)
+    room = np.zeros(max(n, 1), dtype=np.int64)
+    held = np.zeros(max(n, 1), dtype=np.int64)
+    rows = 0
+    where = []
+    limit = max_docs or n + 1
+    for length in lengths:
+        r = rows
+        if length < width and rows:
+            fits = room[:rows] >= length
+            if max_docs:
+                fits &= held[:rows] < limit
+            if best:
+                r = int(np.where(fits, room[:rows], width + 1).argmin())
+                if not fits[r]:
+                    r = rows
+            elif fits.any():
+                r = int(fits.argmax())
+        if r == rows:
+            room[r] = width
+            rows += 1
+        room[r] -= length
+        held[r] += 1
+        where.append(r)
+    return where
+
+
+class FitPacker(Packer):
+    """Rows of ``width`` tokens from fit windows of ``window`` documents (module docstring)."""
+
+    headroom = 0  # rows are built item by item: a piece needs no room in front
+
+    def __init__(self, width: int, pad_id: int, window: int, best: bool, truncate: bool = False, max_docs: int = 0) -> None:
+        self.width = width
+        self.pad_id = pad_id
+        self._window = window
+        self._best = best
+        self._truncate = truncate
+        self._max_docs = max_docs
+        self._docs: list[_Doc] = []  # read, not yet in a packed window
+        self._skip = 0  # rows of the first window already delivered before a restore
+
+    def seek(self, start: Position) -> Position:
+        """Read from the window's first document; its first ``start.token`` rows were delivered already."""
+        self._skip = start.token
+        return Position(start.chunk, start.document, 0)
+
+    def feed(self, piece: Piece, j: int, t: int) -> RowBlock | None:
+        """Hold documents ``j..`` of ``piece``; pack every window that is complete and followed by a document."""
+        if t:
+            raise StateError(f"fit packing reads whole documents: cannot start {t} tokens into document {int(piece.index[j])}")
+        off = piece.offsets.tolist()
+        chunk, index, src, doc = (a.tolist() for a in (piece.chunk, piece.index, piece.sources, piece.documents))
+        tokens = piece.tokens
+        self._docs.extend((chunk[d], index[d], src[d], doc[d], tokens[off[d] : off[d + 1]]) for d in range(j, len(chunk)))
+        blocks = []
+        W = self._window
+        while len(self._docs) > W:
+            k, i = self._docs[W][:2]
+            block = self._pack(self._docs[:W], Position(k, i, 0))
+            del self._docs[:W]
+            if block is not None:
+                blocks.append(block)
+        return RowBlock.join(blocks) if blocks else None
+
+    def flush(self, end: Position) -> RowBlock | None:
+        """The last window's rows, at the end of the data."""
+        docs, self._docs = self._docs, []
+        return self._pack(docs, end) if docs else None
+
+    def _items(self, docs: list[_Doc]) -> tuple[list[tuple[int, int, int]], list[int]]:
+        """The window's items ``(document in window, start, stop)``, longest first, and their lengths."""
+        W = self.width
+        items: list[tuple[int, int, int]] = []
+        for n, d in enumerate(docs):
+            L = len(d[4])
+            stop = min(L, W) if self._truncate else L
+            items.extend((n, a, min(a + W, stop)) for a in range(0, stop, W))
+        items.sort(key=lambda it: it[1] - it[2])  # stable: ties stay in lane order
+        return items, [b - a for _, a, b in items]
+
+    def _pack(self, docs: list[_Doc], end: Position) -> RowBlock | None:
+        """One window's rows (less the rows to skip after a restore), or None if it has no tokens."""
+        items, lengths = self._items(docs)
+        skip, self._skip = self._skip, 0
+        if not items:
+            if skip:
+                raise StateError(f"cursor says {skip} rows of a fit window were delivered, but the window has none")
+            return None
+        where = place(lengths, self.width, self._best, self._max_docs)
+        R = max(where) + 1
+        if skip >= R:
+            raise StateError(f"cursor says {skip} rows of a fit window of {R} rows were delivered")
+        tokens = np.full((R, self.width), self.pad_id, dtype=np.int64)
+        filled = [0] * R
+        segments: list[list[tuple[int, ...]]] = [[] for _ in range(R)]
+        for (n, a, b), r in zip(items, where):
+            _, _, src, docno, toks = docs[n]
+            tokens[r, filled[r] : filled[r] + b - a] = toks[a:b]
+            filled[r] += b - a
+            segments[r].append((r, src, docno, a, b))
+            if b < len(toks) and self._truncate:
+                segments[r].append((r, src, docno, len(toks), len(toks)))  # the rest of the document was dropped
+        k, i = docs[0][:2]
+        ends = np.array([(k, i, r + 1) for r in range(R)], dtype=np.int64)
+        ends[-1] = end
+        seg = np.array([s for row in segments for s in row], dtype=np.int64).reshape(-1, 5)
+        block = RowBlock(tokens, seg, ends)
+        return block.rows(skip, R) if skip else block
