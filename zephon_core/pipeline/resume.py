@@ -5,6 +5,7 @@ chunk ``G`` on (``checkpoint.compat.divergence``: stages appended, or not yet
 started stages changed) and only if the state's lanes have read no chunk at
 or after ``G``: what a lane has read ends in the chunk of its cursor, or — when
 its cursor is inside a partly delivered shuffle window — of the window's end,
+or — in a fit packing mode — of the end of the fit window it stands in,
 found by refilling that window with the checkpoint's own curriculum
 (``checkpoint.compat.checkpoint_curriculum``): from ``G`` on its chunks are not
 the new one's, and a window that reaches past ``G`` ends elsewhere with them.
