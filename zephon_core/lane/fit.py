@@ -23,6 +23,8 @@ stretch kept, so a tally counts the dropped tokens from the segments alone.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+
 import numpy as np
 
 from zephon_core.errors import StateError
@@ -38,29 +40,46 @@ def place(lengths: list[int], width: int, best: bool, max_docs: int) -> list[int
 
     A new row opens when none has room (or all that have hold ``max_docs`` items).
     """
+    if best:
+        return _best_fit(lengths, width, max_docs)
     n = len(lengths)
     room = np.zeros(max(n, 1), dtype=np.int64)
     held = np.zeros(max(n, 1), dtype=np.int64)
     rows = 0
     where = []
-    limit = max_docs or n + 1
     for length in lengths:
         r = rows
         if length < width and rows:
             fits = room[:rows] >= length
             if max_docs:
-                fits &= held[:rows] < limit
-            if best:
-                r = int(np.where(fits, room[:rows], width + 1).argmin())
-                if not fits[r]:
-                    r = rows
-            elif fits.any():
+                fits &= held[:rows] < max_docs
+            if fits.any():
                 r = int(fits.argmax())
         if r == rows:
             room[r] = width
             rows += 1
         room[r] -= length
         held[r] += 1
+        where.append(r)
+    return where
+
+
+def _best_fit(lengths: list[int], width: int, max_docs: int) -> list[int]:
+    """Best fit: the open row with the least room that fits (ties: the first opened); rows sorted by (room, row)."""
+    open_rows: list[tuple[int, int]] = []  # rows that can take another item
+    held: list[int] = []
+    where = []
+    for length in lengths:
+        k = bisect_left(open_rows, (length, -1))
+        if k < len(open_rows):
+            room, r = open_rows.pop(k)
+        else:
+            room, r = width, len(held)
+            held.append(0)
+        room -= length
+        held[r] += 1
+        if room and held[r] != max_docs:
+            insort(open_rows, (room, r))
         where.append(r)
     return where
 
