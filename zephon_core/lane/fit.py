@@ -30,6 +30,7 @@ import numpy as np
 from zephon_core.errors import StateError
 from zephon_core.lane.packing import Packer, Position, RowBlock
 from zephon_core.lane.pieces import Piece
+from zephon_core.sources.base import gather_index
 
 # A document held in a window: lane chunk, document in it, source, document in the source, tokens.
 _Doc = tuple[int, int, int, int, np.ndarray]
@@ -42,24 +43,24 @@ def place(lengths: list[int], width: int, best: bool, max_docs: int) -> list[int
     """
     if best:
         return _best_fit(lengths, width, max_docs)
-    n = len(lengths)
-    room = np.zeros(max(n, 1), dtype=np.int64)
-    held = np.zeros(max(n, 1), dtype=np.int64)
-    rows = 0
+    smallest = min(lengths, default=0)
+    open_rows: list[int] = []  # rows that can take another item, in the order they were opened
+    room: list[int] = []
+    held: list[int] = []
     where = []
     for length in lengths:
-        r = rows
-        if length < width and rows:
-            fits = room[:rows] >= length
-            if max_docs:
-                fits &= held[:rows] < max_docs
-            if fits.any():
-                r = int(fits.argmax())
-        if r == rows:
-            room[r] = width
-            rows += 1
+        k = next((k for k, r in enumerate(open_rows) if room[r] >= length), -1)
+        if k < 0:
+            k, r = len(open_rows), len(room)
+            open_rows.append(r)
+            room.append(width)
+            held.append(0)
+        else:
+            r = open_rows[k]
         room[r] -= length
         held[r] += 1
+        if room[r] < smallest or held[r] == max_docs:  # no item of this window fits it any more
+            del open_rows[k]
         where.append(r)
     return where
 
@@ -127,42 +128,50 @@ class FitPacker(Packer):
         docs, self._docs = self._docs, []
         return self._pack(docs, end) if docs else None
 
-    def _items(self, docs: list[_Doc]) -> tuple[list[tuple[int, int, int]], list[int]]:
-        """The window's items ``(document in window, start, stop)``, longest first, and their lengths."""
+    def _items(self, docs: list[_Doc]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The window's items (document in window, start, stop), longest first (ties in lane order); the documents' lengths."""
         W = self.width
-        items: list[tuple[int, int, int]] = []
-        for n, d in enumerate(docs):
-            L = len(d[4])
-            stop = min(L, W) if self._truncate else L
-            items.extend((n, a, min(a + W, stop)) for a in range(0, stop, W))
-        items.sort(key=lambda it: it[1] - it[2])  # stable: ties stay in lane order
-        return items, [b - a for _, a, b in items]
+        L = np.fromiter((len(d[4]) for d in docs), dtype=np.int64, count=len(docs))
+        stop = np.minimum(L, W) if self._truncate else L
+        pieces = -(-stop // W)
+        doc = np.repeat(np.arange(len(docs), dtype=np.int64), pieces)
+        a = (np.arange(len(doc), dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * W
+        b = np.minimum(a + W, stop[doc])
+        order = np.argsort(a - b, kind="stable")
+        return doc[order], a[order], b[order], L
 
     def _pack(self, docs: list[_Doc], end: Position) -> RowBlock | None:
         """One window's rows (less the rows to skip after a restore), or None if it has no tokens."""
-        items, lengths = self._items(docs)
+        doc, a, b, L = self._items(docs)
         skip, self._skip = self._skip, 0
-        if not items:
+        if not len(doc):
             if skip:
                 raise StateError(f"cursor says {skip} rows of a fit window were delivered, but the window has none")
             return None
-        where = place(lengths, self.width, self._best, self._max_docs)
-        R = max(where) + 1
+        lengths = b - a
+        row = np.asarray(place(lengths.tolist(), self.width, self._best, self._max_docs), dtype=np.int64)
+        R = int(row.max()) + 1
         if skip >= R:
             raise StateError(f"cursor says {skip} rows of a fit window of {R} rows were delivered")
-        tokens = np.full((R, self.width), self.pad_id, dtype=np.int64)
-        filled = [0] * R
-        segments: list[list[tuple[int, ...]]] = [[] for _ in range(R)]
-        for (n, a, b), r in zip(items, where):
-            _, _, src, docno, toks = docs[n]
-            tokens[r, filled[r] : filled[r] + b - a] = toks[a:b]
-            filled[r] += b - a
-            segments[r].append((r, src, docno, a, b))
-            if b < len(toks) and self._truncate:
-                segments[r].append((r, src, docno, len(toks), len(toks)))  # the rest of the document was dropped
+        # Items grouped by row, in the order they were placed: where each lands in its row, and comes from.
+        by_row = np.argsort(row, kind="stable")
+        doc, a, b, row, n = doc[by_row], a[by_row], b[by_row], row[by_row], lengths[by_row]
+        before = np.cumsum(n) - n
+        before -= before[np.searchsorted(row, np.arange(R))][row]  # tokens of the row before the item
+        flat = np.full(R * self.width, self.pad_id, dtype=np.int64)
+        source_tokens = np.concatenate([d[4] for d in docs])
+        doc_at = np.cumsum(L) - L
+        flat[gather_index(row * self.width + before, n)] = source_tokens[gather_index(doc_at[doc] + a, n)]
+        seg = np.column_stack([row, np.fromiter((d[2] for d in docs), np.int64, len(docs))[doc],
+                               np.fromiter((d[3] for d in docs), np.int64, len(docs))[doc], a, b])
+        if self._truncate:
+            dropped = np.flatnonzero(b < L[doc])  # the rest of these documents was dropped: a marker after each
+            if len(dropped):
+                marks = seg[dropped].copy()
+                marks[:, 3] = marks[:, 4] = L[doc[dropped]]
+                seg = np.insert(seg, dropped + 1, marks, axis=0)
         k, i = docs[0][:2]
         ends = np.array([(k, i, r + 1) for r in range(R)], dtype=np.int64)
         ends[-1] = end
-        seg = np.array([s for row in segments for s in row], dtype=np.int64).reshape(-1, 5)
-        block = RowBlock(tokens, seg, ends)
+        block = RowBlock(flat.reshape(R, self.width), seg, ends)
         return block.rows(skip, R) if skip else block
