@@ -126,7 +126,7 @@ class Tally:
                 tokens[s] += int(tok[s])
                 documents[s] += int(doc[s])
         self.padding -= filled
-        marks = np.flatnonzero(seg[:, 4] == start)  # truncation markers (no other segment is empty)
+        marks = np.flatnonzero((seg[:, 4] == start) & (start > 0))  # truncation markers (no other segment is empty)
         if len(marks):
             self.truncated += int(seg[marks, 3].sum()) - int(seg[marks - 1, 4].sum())
         self.cut += len(seg) - n_first - len(marks)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -93,6 +95,11 @@ def test_truncate_keeps_one_row_and_counts_the_rest():
     with p:
         batches = list(p)
         stats = p.stats()
+        state = json.loads(json.dumps(p.checkpoint()))
+    assert sum(lane["tally"].get("truncated", 0) for lane in state["lanes"].values()) == 16
+    with _pipeline(docs, "best_fit", overlong="truncate") as q:
+        q.restore(state)  # the state carries the count; a state of a run that truncated nothing has no such field
+        assert q.stats().dropped_tokens == 16
     segments = [s for b in batches for row in b.provenance for s in row if s.stop > s.start]
     assert sorted((s.document, s.start, s.stop) for s in segments) == [(0, 0, 10), (1, 0, 3), (2, 0, 10), (3, 0, 10)]
     assert stats.dropped_tokens == 15 + 1
