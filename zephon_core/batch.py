@@ -24,6 +24,8 @@ class Cursor(NamedTuple):
     number, document within the chunk, tokens of it already consumed — at the
     start of the current shuffle window (after the last row when there is no
     shuffle); ``delivered_in_window`` counts rows of that window already out.
+    In the fit packing modes a position inside a fit window is its first document,
+    with ``token`` counting the rows of that window already out (``zephon_core.lane.fit``).
     """
 
     chunk: int

@@ -85,6 +85,9 @@ class Tally:
     row that holds its first token). ``rows`` packed rows of ``width`` tokens hold
     ``padding`` pad tokens; ``cut`` counts the row stretches that continue a document
     from an earlier row (its later tokens cannot attend to the earlier ones).
+    ``truncated`` counts the tokens dropped from documents cut to one row
+    (``pack(overlong="truncate")``): each such document leaves an empty marker segment
+    ``(row, source, document, L, L)`` right after the stretch kept, ``L`` its length.
     ``since`` is the lane's delivered-batch count when counting began: 0 for a
     lane counted from the start of the run, more for a lane restored from a state
     written before states carried tallies.
@@ -96,6 +99,7 @@ class Tally:
     cut: int = 0
     tokens: list[list[int]] = field(default_factory=list)
     documents: list[list[int]] = field(default_factory=list)
+    truncated: int = 0
 
     def _fit(self, n_stages: int, n_sources: int) -> None:
         """Grow the tables to at least ``n_stages`` x ``n_sources`` (stages and sources can be appended to a run)."""
@@ -131,7 +135,10 @@ class Tally:
                 tokens[s] += int(tok[s])
                 documents[s] += int(doc[s])
         self.padding -= filled
-        self.cut += len(seg) - n_first
+        marks = np.flatnonzero((seg[:, 4] == start) & (start > 0))  # truncation markers (no other segment is empty)
+        if len(marks):
+            self.truncated += int(seg[marks, 3].sum()) - int(seg[marks - 1, 4].sum())
+        self.cut += len(seg) - n_first - len(marks)
 
     def add(self, other: Tally) -> None:
         """Add another lane's figures (``since`` becomes the larger: counting is complete only from 0)."""
@@ -140,6 +147,7 @@ class Tally:
         self.rows += other.rows
         self.padding += other.padding
         self.cut += other.cut
+        self.truncated += other.truncated
         for table, theirs in ((self.tokens, other.tokens), (self.documents, other.documents)):
             for mine, row in zip(table, theirs):
                 for s, v in enumerate(row):
@@ -149,12 +157,16 @@ class Tally:
         return sum(map(sum, self.tokens))
 
     def to_json(self) -> dict[str, object]:
-        return {"since": self.since, "rows": self.rows, "padding": self.padding, "cut": self.cut,
-                "tokens": [list(r) for r in self.tokens], "documents": [list(r) for r in self.documents]}
+        """``truncated`` only when not 0: states of runs that truncate nothing stay as they were."""
+        out: dict[str, object] = {"since": self.since, "rows": self.rows, "padding": self.padding, "cut": self.cut,
+                                  "tokens": [list(r) for r in self.tokens], "documents": [list(r) for r in self.documents]}
+        if self.truncated:
+            out["truncated"] = self.truncated
+        return out
 
     def copy(self) -> Tally:
         return Tally(self.since, self.rows, self.padding, self.cut, [list(r) for r in self.tokens],
-                     [list(r) for r in self.documents])
+                     [list(r) for r in self.documents], self.truncated)
 
 
 def sum_tallies(tallies: Iterable[Tally | None], n_stages: int = 0, n_sources: int = 0) -> Tally:

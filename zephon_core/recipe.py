@@ -59,7 +59,7 @@ from zephon_core.curriculum.token_index import TokenCounter
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError
 from zephon_core.lane.docops import token_counter
-from zephon_core.lane.ops import PACK_MODES, RUNNERS
+from zephon_core.lane.ops import PACK_MODES, RUNNERS, PackOp
 from zephon_core.lane.tokenizer_file import load_tokenizer
 from zephon_core.pipeline import Pipeline
 from zephon_core.sources import Source
@@ -130,6 +130,9 @@ class RecipeSpec:
     block_size: int = 0
     block_window: int = 8
     pack_mode: str = "concat"
+    pack_window: Optional[int] = None  # the fit modes' window of documents (1024 when not given)
+    pack_overlong: str = "split"
+    max_docs_per_row: int = 0
     canonical_replicas: Optional[int] = None
     shuffle: ShuffleSpec = field(default_factory=ShuffleSpec)
     aggregate: AggregateSpec = field(default_factory=AggregateSpec)
@@ -170,6 +173,10 @@ class Recipe:
         self._check_stages()
         require_choice(s.exhausted, f"{self.path}: exhausted", EXHAUSTION_POLICIES)
         require_choice(s.pack_mode, f"{self.path}: pack_mode", PACK_MODES)
+        try:
+            PackOp(1, s.pack_mode, 0, s.pack_window, s.pack_overlong, s.max_docs_per_row)
+        except ConfigError as e:
+            raise ConfigError(f"{self.path}: {e}") from None
         require_choice(s.execution.runner, f"{self.path}: execution.runner", RUNNERS)
         minimums = [("chunk_size", s.chunk_size, 1), ("shuffle.window", s.shuffle.window, 0), ("execution.parallelism", s.execution.parallelism, 1),
                     ("block_size", s.block_size, 0), ("block_window", s.block_window, 1),
@@ -290,7 +297,8 @@ class Recipe:
         p = Pipeline(self.work_source(seq_len, counter))
         if not self.pretokenized:
             p = p.tokenize(tokenizer, bos_id=bos_id, eos_id=eos_id, parallelism=s.execution.parallelism, runner=s.execution.runner)
-        p = p.pack(seq_len, mode=s.pack_mode, pad_id=pad_id)
+        p = p.pack(seq_len, mode=s.pack_mode, pad_id=pad_id, window=s.pack_window, overlong=s.pack_overlong,
+                   max_docs_per_row=s.max_docs_per_row)
         if s.shuffle.window > 1:
             p = p.shuffle(s.shuffle.window, seed=s.shuffle.seed)
         p = p.batch(batch_size)

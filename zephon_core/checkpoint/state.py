@@ -115,8 +115,9 @@ def parse_lanes(state: Mapping[str, Any]) -> dict[int, LaneState]:
 
 def _parse_tally(value: Any, where: str) -> Tally:
     fields = {*_TALLY_COUNTS, "tokens", "documents"}
-    if not isinstance(value, Mapping) or set(value.keys()) != fields:
-        raise StateError(f"state field {where} must have exactly the fields {', '.join(sorted(fields))}")
+    if not isinstance(value, Mapping) or set(value.keys()) - {"truncated"} != fields:
+        raise StateError(f"state field {where} must have exactly the fields {', '.join(sorted(fields))} (and truncated, if not 0)")
+    truncated = _int(value["truncated"], f"{where}.truncated") if "truncated" in value else 0
     since, rows, padding, cut = (_int(value[k], f"{where}.{k}") for k in _TALLY_COUNTS)
     tables = []
     for name in ("tokens", "documents"):
@@ -126,7 +127,7 @@ def _parse_tally(value: Any, where: str) -> Tally:
         tables.append([[_int(v, f"{where}.{name}[{i}][{s}]") for s, v in enumerate(row)] for i, row in enumerate(table)])
     if [len(r) for r in tables[0]] != [len(r) for r in tables[1]]:
         raise StateError(f"state field {where}: tokens and documents must have the same shape")
-    return Tally(since, rows, padding, cut, tables[0], tables[1])
+    return Tally(since, rows, padding, cut, tables[0], tables[1], truncated)
 
 
 def verify_checksum(state: Mapping[str, Any]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.lane.packing import ConcatPacker, PadPacker, Position, RowBlock
+from zephon_core.lane.packing import Packer, Position, RowBlock
 from zephon_core.lane.reader import PieceReader
 from zephon_core.metrics import COUNTERS
 
@@ -17,12 +17,12 @@ class RowFeed:
     started there hands out exactly the rows that followed.
     """
 
-    def __init__(self, lane: int, reader: PieceReader, packer: ConcatPacker | PadPacker, start: Position) -> None:
+    def __init__(self, lane: int, reader: PieceReader, packer: Packer, start: Position) -> None:
         self.lane = lane
         self._reader = reader
         self._packer = packer
-        self._read_pos = start  # the next token the packer reads
-        self._token_chunk = start.chunk  # the last chunk that had a token
+        self._read_pos = packer.seek(start)  # the next token the packer reads
+        self._token_chunk = self._read_pos.chunk  # the last chunk that had a token
         self._data_ended = False
         self._blocks: list[RowBlock] = []  # packed rows not yet taken
         self._head_taken = 0  # rows of the first block already taken

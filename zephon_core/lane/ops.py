@@ -12,10 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon_core.errors import ConfigError
 from zephon_core.validation import require_choice, require_int
 
 RUNNERS = ("thread", "process")
-PACK_MODES = ("concat", "pad")
+PACK_MODES = ("concat", "pad", "first_fit", "best_fit")
+FIT_MODES = ("first_fit", "best_fit")
+OVERLONG = ("split", "truncate")
+FIT_WINDOW = 1024  # documents per fit window, unless given
 
 
 def callable_identity(fn: Any) -> str:
@@ -93,18 +97,42 @@ class TokenizeOp(DocOp):
 
 @dataclass(frozen=True)
 class PackOp:
+    """Rows of ``seq_len + 1`` tokens; ``window``, ``overlong`` are the fit modes' (``zephon_core.lane.fit``).
+
+    ``max_docs_per_row`` (0: no limit) closes a row once it holds that many stretches of documents.
+    """
+
     seq_len: int
     mode: str = "concat"
     pad_id: int = 0
+    window: int | None = None  # documents per fit window; FIT_WINDOW for the fit modes when not given
+    overlong: str = "split"
+    max_docs_per_row: int = 0
     kind = "pack"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seq_len", require_int(self.seq_len, "pack: seq_len", 1))
         require_choice(self.mode, "pack: mode", PACK_MODES)
         object.__setattr__(self, "pad_id", require_int(self.pad_id, "pack: pad_id"))
+        require_choice(self.overlong, "pack: overlong", OVERLONG)
+        object.__setattr__(self, "max_docs_per_row", require_int(self.max_docs_per_row, "pack: max_docs_per_row", 0))
+        fit = self.mode in FIT_MODES
+        if not fit and (self.window is not None or self.overlong != "split"):
+            given = "window" if self.window is not None else "overlong"
+            raise ConfigError(f"pack: {given} is an option of the fit modes ({', '.join(FIT_MODES)}), not of mode={self.mode!r}")
+        if fit:
+            object.__setattr__(self, "window", require_int(FIT_WINDOW if self.window is None else self.window, "pack: window", 1))
 
     def definition(self) -> dict[str, Any]:
-        return {"op": "pack", "seq_len": self.seq_len, "mode": self.mode, "pad_id": self.pad_id}
+        """The options at their defaults are left out, so pipelines from before they existed keep their fingerprint."""
+        out: dict[str, Any] = {"op": "pack", "seq_len": self.seq_len, "mode": self.mode, "pad_id": self.pad_id}
+        if self.window is not None:
+            out["window"] = self.window
+        if self.overlong != "split":
+            out["overlong"] = self.overlong
+        if self.max_docs_per_row:
+            out["max_docs_per_row"] = self.max_docs_per_row
+        return out
 
 
 @dataclass(frozen=True)

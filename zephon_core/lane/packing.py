@@ -8,13 +8,16 @@ packer started there produces exactly the rows that followed.
 ``concat`` rows are consecutive windows of the lane's token stream, so a
 whole piece is cut with a handful of NumPy calls. ``pad`` keeps documents
 whole (a document longer than a row is split) and is packed document by
-document.
+document; so is ``concat`` with ``max_docs_per_row`` (``PadPacker(cut=True)``).
+The fit modes (``zephon_core.lane.fit``) pack windows of documents.
+
+Every packer is a ``Packer``: the lane stages know only that protocol.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -89,6 +92,29 @@ class RowBlock:
         return RowBlock(np.concatenate([b.tokens for b in blocks]), np.concatenate(shifted), np.concatenate([b.ends for b in blocks]))
 
 
+class Packer(Protocol):
+    """What the lane stages (``RowFeed``) ask of a packer.
+
+    ``seek(start)`` is called once, before the first ``feed``: it returns where
+    reading starts (``start`` itself, except for a packer whose positions say
+    more than where the next token is, like a fit window's rows already out).
+    ``feed`` packs documents ``j..`` of a piece (from token ``t`` of ``j``) and
+    returns the rows they complete; ``flush`` the rest at the end of the data.
+    """
+
+    @property
+    def headroom(self) -> int:
+        """Tokens of free room a piece needs in front of its first document."""
+        ...
+
+    def seek(self, start: Position) -> Position:
+        return start
+
+    def feed(self, piece: Piece, j: int, t: int) -> RowBlock | None: ...
+
+    def flush(self, end: Position) -> RowBlock | None: ...
+
+
 def _sorted_union(doc_starts: np.ndarray, row_starts: np.ndarray) -> np.ndarray:
     """0 and the values of two ascending arrays, ascending, each once (``np.unique`` hashes; this is a sort of few values)."""
     a = np.concatenate([np.zeros(1, dtype=np.int64), doc_starts, row_starts])
@@ -107,7 +133,7 @@ def _piece_stream(piece: Piece, j: int, t: int) -> tuple[int, np.ndarray, np.nda
     return base, starts, lengths
 
 
-class ConcatPacker:
+class ConcatPacker(Packer):
     """Rows are consecutive ``width``-token windows of the lane's token stream.
 
     A row block's tokens are a view of the piece they were cut from: the open row
@@ -214,14 +240,21 @@ def _padded_row(tokens: np.ndarray, segments: np.ndarray, width: int, pad_id: in
     return RowBlock(row, segs, np.asarray([end], dtype=np.int64))
 
 
-class PadPacker:
-    """Rows of whole documents, padded; a document longer than a row is split across rows."""
+class PadPacker(Packer):
+    """Rows of whole documents, padded; a document longer than a row is split across rows.
+
+    A row closes once it holds ``max_docs`` stretches of documents (0: no limit). With
+    ``cut`` a document that does not fit is cut across rows instead (``concat`` with
+    ``max_docs_per_row``: rows fill up unless the document limit closes them first).
+    """
 
     headroom = 0  # rows are built token by token: a piece needs no room in front
 
-    def __init__(self, width: int, pad_id: int) -> None:
+    def __init__(self, width: int, pad_id: int, max_docs: int = 0, cut: bool = False) -> None:
         self.width = width
         self.pad_id = pad_id
+        self._max_docs = max_docs
+        self._cut = cut
         self._parts: list[np.ndarray] = []  # the open row's tokens
         self._segments: list[tuple[int, int, int, int]] = []
         self._filled = 0
@@ -242,7 +275,7 @@ class PadPacker:
             consumed = t if d == 0 else 0
             while consumed < length:
                 remaining, space = length - consumed, W - self._filled
-                if remaining > space and self._filled:
+                if remaining > space and self._filled and not self._cut:
                     self._close(Position(k, i, consumed))  # the document starts the next row
                     continue
                 take = min(remaining, space)
@@ -251,7 +284,7 @@ class PadPacker:
                 self._segments.append((src, docno, consumed, consumed + take))
                 self._filled += take
                 consumed += take
-                if self._filled == W:
+                if self._filled == W or len(self._segments) == self._max_docs:
                     self._close(Position(k, i, consumed) if consumed < length else Position(k, i + 1, 0))
         return self._emit()
 

@@ -24,8 +24,9 @@ from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.lane.chunks import LaneChunks
 from zephon_core.lane.docops import DocOpRunner
 from zephon_core.lane.feed import RowFeed
-from zephon_core.lane.ops import BatchOp, DocOp, PackOp, ShuffleOp
-from zephon_core.lane.packing import ConcatPacker, PadPacker, Position, RowBlock
+from zephon_core.lane.fit import FitPacker
+from zephon_core.lane.ops import FIT_MODES, BatchOp, DocOp, PackOp, ShuffleOp
+from zephon_core.lane.packing import ConcatPacker, Packer, PadPacker, Position, RowBlock
 from zephon_core.lane.reader import PieceReader
 from zephon_core.lane.window import InOrder, ShuffleWindow
 
@@ -42,20 +43,29 @@ class CutRecord(NamedTuple):
     bounds: list[int]
 
 
-def make_packer(pack: PackOp) -> ConcatPacker | PadPacker:
+def make_packer(pack: PackOp) -> Packer:
     """The packer of a ``pack`` operator: rows of ``seq_len + 1`` tokens (inputs and the label after them)."""
     width = pack.seq_len + 1
-    return ConcatPacker(width, pack.pad_id) if pack.mode == "concat" else PadPacker(width, pack.pad_id)
+    if pack.mode in FIT_MODES:
+        assert pack.window is not None
+        return FitPacker(width, pack.pad_id, pack.window, pack.mode == "best_fit", pack.overlong == "truncate", pack.max_docs_per_row)
+    if pack.mode == "concat" and not pack.max_docs_per_row:
+        return ConcatPacker(width, pack.pad_id)
+    return PadPacker(width, pack.pad_id, pack.max_docs_per_row, cut=pack.mode == "concat")
 
 
 def window_end(lane: int, canonical_replicas: int, work_source: WorkSource, doc_ops: Sequence[DocOp], pack: PackOp, window: int,
                start: Position) -> Position:
-    """The packer position after the shuffle window that starts at ``start``: what refilling it (a restore) reads."""
+    """The packer position after ``window`` rows from ``start`` (a shuffle window; 0 for none) and, in a fit mode,
+    after the rest of the fit window they end in: what refilling them (a restore) reads."""
     runner = DocOpRunner([replace(op, parallelism=1, runner="thread") for op in doc_ops])
     try:
         packer = make_packer(pack)
         feed = RowFeed(lane, PieceReader(LaneChunks(work_source, lane, canonical_replicas), runner, start, None, 0, packer.headroom), packer, start)
-        feed.take(window)
+        if window:
+            feed.take(window)
+        while pack.mode in FIT_MODES and feed.position.token and feed.take(1) is not None:
+            pass  # inside a fit window: the whole window was read
         return feed.position
     finally:
         runner.close()

@@ -82,9 +82,13 @@ class Pipeline:
         """Text -> token ids with a ``tokenizers.Tokenizer`` (batch-encoded), an object with ``encode``, or a callable."""
         return self._with(TokenizeOp(parallelism, runner, tokenizer=tokenizer, bos_id=bos_id, eos_id=eos_id))
 
-    def pack(self, seq_len: int, *, mode: str = "concat", pad_id: int = 0) -> Pipeline:
-        """Rows of ``seq_len + 1`` tokens: ``"concat"`` splits freely, ``"pad"`` keeps documents whole and pads."""
-        return self._with(PackOp(seq_len, mode, pad_id))
+    def pack(self, seq_len: int, *, mode: str = "concat", pad_id: int = 0, window: int | None = None, overlong: str = "split",
+             max_docs_per_row: int = 0) -> Pipeline:
+        """Rows of ``seq_len + 1`` tokens: ``"concat"`` splits freely, ``"pad"`` keeps documents whole and pads,
+        ``"first_fit"`` / ``"best_fit"`` fit the documents of windows of ``window`` documents (default 1024) into
+        rows, longer ones split into rows (``overlong="split"``) or cut to one (``"truncate"``, counted);
+        ``max_docs_per_row`` (0: no limit) closes a row once it holds that many documents (docs/concepts.md)."""
+        return self._with(PackOp(seq_len, mode, pad_id, window, overlong, max_docs_per_row))
 
     def shuffle(self, window: int, *, seed: int = 0) -> Pipeline:
         """Permute packed rows within consecutive windows of ``window`` rows of a lane."""

@@ -5,6 +5,7 @@ chunk ``G`` on (``checkpoint.compat.divergence``: stages appended, or not yet
 started stages changed) and only if the state's lanes have read no chunk at
 or after ``G``: what a lane has read ends in the chunk of its cursor, or — when
 its cursor is inside a partly delivered shuffle window — of the window's end,
+or — in a fit packing mode — of the end of the fit window it stands in,
 found by refilling that window with the checkpoint's own curriculum
 (``checkpoint.compat.checkpoint_curriculum``): from ``G`` on its chunks are not
 the new one's, and a window that reaches past ``G`` ends elsewhere with them.
@@ -27,6 +28,7 @@ from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import LaneState
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError
+from zephon_core.lane.ops import FIT_MODES
 from zephon_core.lane.packing import Position
 from zephon_core.lane.stream import window_end
 from zephon_core.pipeline.engine import OperatorChain
@@ -56,9 +58,10 @@ def last_read_chunk(lane: int, cursor: Cursor, C: int, work_source: WorkSource, 
     row of the data on whether the chunk exists); a concat row never ends there.
     """
     k, i, t = cursor.chunk, cursor.document, cursor.token
-    ops = chain() if cursor.delivered_in_window else None
-    if ops is not None and ops.shuffle is not None:
-        k, i, t = window_end(lane, C, work_source, ops.doc_ops, ops.pack, ops.shuffle.window, Position(k, i, t))
+    ops = chain() if cursor.delivered_in_window or t else None
+    window = ops.shuffle.window if ops is not None and ops.shuffle is not None and cursor.delivered_in_window else 0
+    if ops is not None and (window or ops.pack.mode in FIT_MODES):
+        k, i, t = window_end(lane, C, work_source, ops.doc_ops, ops.pack, window, Position(k, i, t))
     return lane + k * C if (k, i, t) != (0, 0, 0) else -1
 
 

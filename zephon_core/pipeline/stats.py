@@ -55,6 +55,7 @@ class PipelineStats:
     ones). ``counted_since`` > 0 when a lane was restored from a state that carried no
     tally: its figures count from that many batches on. ``run_*`` figures are as of the
     last merged (or restored) state and cover ``run_lanes`` lanes of ``canonical_replicas``.
+    ``dropped_tokens``: tokens of documents cut to one row and dropped (``overlong="truncate"``).
     ``counters``: the process-wide ``zephon_core.metrics.COUNTER_NAMES`` (cumulative);
     ``wait_s`` is this pipeline's own.
     """
@@ -73,6 +74,7 @@ class PipelineStats:
     counted_since: int
     wait_s: float  # seconds this pipeline's caller waited inside next()
     counters: Mapping[str, float]
+    dropped_tokens: int = 0
 
     def scalars(self, prefix: str = "zephon/") -> dict[str, float]:
         """Flat ``name -> number`` for a metrics logger (docs/watching.md lists every name)."""
@@ -83,6 +85,8 @@ class PipelineStats:
             "truncation_fraction": self.truncation_fraction,
             "wait_s": self.wait_s,
         }
+        if self.dropped_tokens:
+            out["dropped_tokens"] = self.dropped_tokens
         for s in self.sources:
             out[f"tokens/{s.name}"] = s.tokens
             out[f"documents/{s.name}"] = s.documents
@@ -177,4 +181,5 @@ def pipeline_stats(work_source: WorkSource, C: int, own: Mapping[int, LaneState]
         counted_since=mine.since,
         wait_s=waited_s,
         counters=counters,
+        dropped_tokens=mine.truncated,
     )

@@ -75,6 +75,7 @@ class Recipe:
     batch_size: int
     exhausted: str = "repeat"
     drop_last: bool = True
+    pack_options: tuple[tuple[str, Any], ...] = ()  # more keywords of pack() (window, overlong, max_docs_per_row)
 
     def sources(self, cls: type[MemorySource] = MemorySource) -> list[MemorySource]:
         return [cls([list(d) for d in docs], name=f"src{i}") for i, docs in enumerate(self.docs)]
@@ -82,7 +83,7 @@ class Recipe:
     def pipeline(self, sources: Sequence[MemorySource] | None = None) -> Pipeline:
         srcs = list(sources) if sources is not None else self.sources()
         ws = StaticMixture(srcs, list(self.weights), seed=self.seed, chunk_size=self.chunk_size, exhausted=self.exhausted)
-        p = Pipeline(ws).pack(self.seq_len, mode=self.mode)
+        p = Pipeline(ws).pack(self.seq_len, mode=self.mode, **dict(self.pack_options))
         if self.shuffle_window is not None:
             p = p.shuffle(self.shuffle_window, seed=self.shuffle_seed)
         return p.batch(self.batch_size, drop_last=self.drop_last)

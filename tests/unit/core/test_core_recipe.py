@@ -214,3 +214,15 @@ def test_standalone_text_recipe_needs_a_tokenizer_file(tmp_path):
     with pytest.raises(ConfigError, match="standalone.tokenizer"):
         recipe.build_standalone()
     assert os.path.exists(tmp_path / "a.jsonl")
+
+
+def test_recipe_fit_packing_options(project):
+    body = GOOD.replace("canonical_replicas = 4", 'canonical_replicas = 4\npack_mode = "best_fit"\npack_window = 16\n'
+                        'pack_overlong = "truncate"\nmax_docs_per_row = 3')
+    p = load_recipe(_write(project / "recipes", body)).build(seq_len=8, batch_size=1, tokenizer=CharTokenizer(), prefetch=0)
+    pack = next(op for op in p.definition()["ops"] if op["op"] == "pack")
+    assert pack == {"op": "pack", "seq_len": 8, "mode": "best_fit", "pad_id": 0, "window": 16, "overlong": "truncate",
+                    "max_docs_per_row": 3}
+    bad = GOOD.replace("canonical_replicas = 4", 'canonical_replicas = 4\npack_window = 16')
+    with pytest.raises(ConfigError, match=r"r\.toml: pack: window is an option of the fit modes"):
+        load_recipe(_write(project / "recipes", bad))

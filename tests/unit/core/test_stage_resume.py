@@ -229,3 +229,22 @@ def test_a_pad_row_that_closed_before_a_chunks_first_document_has_read_that_chun
     resumed = pipe(2)
     resumed.restore(state)
     assert before + take(resumed, 4) == take(pipe(2), 8)
+
+
+def test_a_lane_inside_a_fit_window_has_read_up_to_the_windows_end():
+    ws = staged(BASE)
+    p = Pipeline(ws).pack(8, mode="best_fit", window=80).batch(1).options(canonical_replicas=2, dp_degree=1, dp_group_id=0,
+                                                                          prefetch=0)
+    it = iter(p)
+    for _ in range(3):
+        next(it)
+    state = p.checkpoint()
+    lanes = p._lane_states()
+    assert all(ls.cursor.token and not ls.cursor.delivered_in_window for ls in lanes.values())  # rows of a fit window out
+    reached = {lane: last_read_chunk(lane, ls.cursor, 2, ws, p._chain) for lane, ls in lanes.items()}
+    assert all(g > lane + ls.cursor.chunk * 2 for (lane, ls), g in zip(lanes.items(), reached.values()))  # windows reach past the cursors
+    last = max(reached.values())
+    full = lambda g: staged([*BASE, Stage({"new": 1}, name="anneal", start_chunk=g)])  # noqa: E731
+    opts = {"canonical_replicas": 2, "dp_degree": 1, "dp_group_id": 0}
+    assert Pipeline(full(last + 1)).pack(8, mode="best_fit", window=80).batch(1).options(**opts).resume_verdict(state).accepted
+    assert not Pipeline(full(last)).pack(8, mode="best_fit", window=80).batch(1).options(**opts).resume_verdict(state).accepted
