@@ -125,7 +125,9 @@ def test_bad_run_id(ws, tmp_path, run_id):
 
 @pytest.mark.parametrize("run_id", ["a", "x" * 128, "Run_1.v2-final"])
 def test_good_run_id(ws, tmp_path, run_id):
-    Pipeline(ws).options(world_size=2, global_rank=0, aggregate_dir=str(tmp_path), run_id=run_id)
+    p = Pipeline(ws).options(world_size=2, global_rank=0, aggregate_dir=str(tmp_path), run_id=run_id)
+    # Accepted as given, and named in the plan with the folder its rounds go to.
+    assert f"aggregation:           {tmp_path} run_id={run_id} " in p.explain()
 
 
 @pytest.mark.parametrize(
