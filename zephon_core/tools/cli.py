@@ -77,7 +77,9 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     print(f"  work source:        {ws.get('kind')} seed={ws.get('seed')} chunk_size={ws.get('chunk_size')} exhausted={ws.get('exhausted')}")
     for s in ws.get("sources", []):
         weight = f" weight={s['weight']}" if "weight" in s else ""
-        print(f"    {s.get('name')}: {s.get('kind')}{weight} size={s.get('size', s.get('documents', '?'))}")
+        # A fingerprint records a source's documents where it knows them, else its files' bytes.
+        size = f"documents={s['documents']}" if "documents" in s else f"bytes={s['size']}" if "size" in s else "size=?"
+        print(f"    {s.get('name')}: {s.get('kind')}{weight} {size}")
     for n, st in enumerate(ws.get("stages", [])):
         weights = ", ".join(f"{k}={v}" for k, v in st.get("weights", {}).items())
         print(f"    stage {n} {st.get('name')!r}: from global chunk {st.get('start_chunk')} ({st.get('start')}), weight_by={st.get('weight_by')}: {weights}")

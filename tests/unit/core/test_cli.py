@@ -69,6 +69,9 @@ def test_inspect_shows_positions(states):
     assert "canonical_replicas: 8" in r.stdout
     lanes = [line.split() for line in r.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
     assert len(lanes) == 8 and all(row[-1] == "2" for row in lanes), lanes  # 2 batches delivered per lane
+    # A JSONL source's fingerprint knows its bytes, not its documents: named as such.
+    size = (ROOT / "configs" / "corpus" / "stdlib_docs.jsonl").stat().st_size
+    assert f" bytes={size}" in r.stdout and f"size={size}" not in r.stdout, r.stdout
 
 
 def test_inspect_bad_file_is_one_line_error(tmp_path):
