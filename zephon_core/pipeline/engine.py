@@ -20,6 +20,7 @@ from zephon_core.lane.ops import BatchOp, DocOp, PackOp, ShuffleOp
 from zephon_core.lane.stream import CutRecord, LaneStream
 from zephon_core.metrics import Tally
 from zephon_core.pipeline.options import Identity, Options
+from zephon_core.pipeline.stats import lane_stage
 
 
 class OperatorChain(NamedTuple):
@@ -101,7 +102,7 @@ class Ledger:
 
     def _restage(self, lane: int, c: _LaneCount, cursor: Cursor, index: int) -> None:
         """The stage of the chunk the lane stands in (``Cursor.last_chunk``), and the lane chunk where the next begins."""
-        stage = self._work_source.stage_of(lane + cursor.last_chunk * self._C)
+        stage = lane_stage(self._work_source, lane, cursor, self._C)
         if stage != c.stage:
             self._fold(lane, index)  # the batches before this one count in the stage before
             c.stage = stage

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from zephon_core.batch import Cursor
 from zephon_core.checkpoint.state import LaneState
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.metrics import Tally, sum_tallies
@@ -122,9 +123,9 @@ def _fractions(t: Tally) -> tuple[float, float]:
     return (t.padding / width_tokens if width_tokens else 0.0), (t.cut / stretches if stretches else 0.0)
 
 
-def lane_stage(work_source: WorkSource, lane: int, state: LaneState, C: int) -> int:
-    """The stage of the chunk lane ``lane`` stands in (its last read chunk when it stands at a chunk's start)."""
-    return work_source.stage_of(lane + state.cursor.last_chunk * C)
+def lane_stage(work_source: WorkSource, lane: int, cursor: Cursor, C: int) -> int:
+    """The stage of the chunk lane ``lane`` stands in at ``cursor`` (``Cursor.last_chunk``): where its batches count."""
+    return work_source.stage_of(lane + cursor.last_chunk * C)
 
 
 def _per_source(t: Tally, n_sources: int) -> tuple[list[int], list[int]]:
@@ -162,7 +163,7 @@ def pipeline_stats(work_source: WorkSource, C: int, own: Mapping[int, LaneState]
     mine = only if only is not None else sum_tallies(tallies, len(stage_names), len(work_source.sources))
     lanes = []
     for lane, ls in sorted(own.items()):
-        i = lane_stage(work_source, lane, ls, C)
+        i = lane_stage(work_source, lane, ls.cursor, C)
         lanes.append(LaneStats(lane, ls.delivered, i, stage_names[i]))
     padding, truncation = _fractions(mine)
     stage = max((ln.stage for ln in lanes), default=0)

@@ -72,7 +72,6 @@ def chunks_read(state: Mapping[str, Any]) -> int:
 
 def stage_name(work_source: WorkSource, g: int) -> str | None:
     """The name of the stage global chunk ``g`` belongs to (None for a work source without stages)."""
-    schedule = getattr(work_source, "schedule", None)
-    if schedule is None:
+    if getattr(work_source, "schedule", None) is None:
         return None
-    return str(schedule.plans[int(schedule.stage_of(np.array([g]))[0])].name)
+    return work_source.stage_names()[work_source.stage_of(g)]
