@@ -57,6 +57,7 @@ _zephon_build_shared() {  # _zephon_build_shared PY VENV TT022
   "$py" -m venv "$venv" \
     && "$venv/bin/python" -m pip install --quiet --upgrade pip \
     && "$venv/bin/python" -m pip install --quiet -r "$_zephon_root/requirements/env.txt" \
+    && "$venv/bin/python" -m pip install --quiet --no-deps -r "$_zephon_root/requirements/formats.txt" \
     && "$venv/bin/python" -m pip install --quiet --no-deps --target "$tt022" \
       -r "$_zephon_root/requirements/torchtitan-0.2.txt" \
     || { echo "zephon: building the environment failed" >&2; return 1; }

@@ -1,51 +1,30 @@
 """JSON Lines documents, read by byte offset: one file (``JsonlFile``) or many (``JsonlSource``).
 
-Compressed shards (``.jsonl.gz``, ``.jsonl.zst``) are decompressed once, whole,
-into the node-local shard cache and read from there by byte offset: a gzip or
-zstd stream cannot be entered in the middle, and one pass per shard per node
-costs less than any index of restart points read by thousands of ranks.
+Compressed shards (``.jsonl.gz``, ``.jsonl.zst``) are read through
+``byte_access.open_bytes`` like every format's files: decompressed once, whole,
+into the node-local shard cache, and read from there by byte offset.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from zephon_core.errors import DataError
 from zephon_core.sources import index_cache, manifest
-from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs, sample_digest
+from zephon_core.sources.base import Source, content_fingerprint, default_name, open_fs, sample_digest
+from zephon_core.sources.byte_access import ByteReader, compression_of, open_bytes, small_object
 from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
 from zephon_core.sources.registry import SourceArgs, register_format
-from zephon_core.sources.remote import LocalBytes, RemoteBytes, ScanStream, Version, fetch_object, fetch_range, iter_bytes
-from zephon_core.sources.shard_cache import ShardCache
+from zephon_core.sources.remote import iter_bytes
 from zephon_core.sources.sharded import ShardedSource
 
 _READ_BLOCK = 1 << 22
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
-SMALL_OBJECT_BYTES = 2 << 20  # fetched whole at start-up instead of sampled and scanned in several requests
-
-
-def _decompressor(path: str) -> str | None:
-    return "gzip" if path.endswith(".gz") else "zstd" if path.endswith(".zst") else None
-
-
-def _decompress(kind: str, src: IO[bytes], dst: IO[bytes]) -> None:
-    if kind == "gzip":
-        with gzip.GzipFile(fileobj=src) as z:
-            while chunk := z.read(_READ_BLOCK):
-                dst.write(chunk)
-        return
-    try:
-        import zstandard
-    except ImportError:
-        raise DataError("reading .jsonl.zst files needs the zstandard package: pip install 'zephon-suite[zstd]'") from None
-    zstandard.ZstdDecompressor().copy_stream(src, dst)
 
 
 class JsonlFile(Source):
@@ -81,37 +60,11 @@ class JsonlFile(Source):
             self._require_nonempty(self.path)
 
     def _small_object(self, stat: FileStat | None, access: Access) -> bytes | None:
-        """A small plain object on a store, whole, in one request (its sample and its index come from it)."""
-        if stat is None or is_local(self._fs) or _decompressor(self._fspath) or access.local_copy or stat.size > SMALL_OBJECT_BYTES:
-            return None
-        return fetch_range(self._fs, self._fspath, 0, stat.size, access.attempts, Version(stat.size, stat.etag) if stat.etag else None)
+        return small_object(self._fs, self._fspath, stat, access)
 
-    def _byte_reader(self, access: Access, stat: FileStat | None) -> LocalBytes | RemoteBytes:
-        kind = _decompressor(self._fspath)
-        size = int(self._fingerprint["size"])
-        if is_local(self._fs):
-            if kind is None:
-                return LocalBytes(self._fspath)
-            source: LocalBytes | RemoteBytes = LocalBytes(self._fspath)
-        else:
-            source = RemoteBytes(self._fs, self._fspath, size, attempts=access.attempts, etag=stat.etag if stat else None)
-            if kind is None and not access.local_copy:
-                return source
-        cache = ShardCache(None if access.cache_dir is None else f"{access.cache_dir}/shards", access.cache_bytes)
-        key = f"{kind or 'copy'}\x1f{self._fs.unstrip_protocol(self._fspath)}\x1f{self._fingerprint['sample_blake2b']}\x1f{size}"
-
-        def make(out: IO[bytes]) -> None:
-            if kind is None:
-                fetch_object(source, out)
-                return
-            try:
-                _decompress(kind, io.BufferedReader(ScanStream(source)), out)  # verified, retried reads (a store's stream is neither)
-            except DataError:
-                raise
-            except Exception as e:  # gzip: OSError/EOFError, zstandard: ZstdError
-                raise DataError(f"{self.path}: cannot decompress ({kind}): {type(e).__name__}: {e}") from None
-
-        return LocalBytes(str(cache.get(key, make)))
+    def _byte_reader(self, access: Access, stat: FileStat | None) -> ByteReader:
+        return open_bytes(self._fs, self._fspath, int(self._fingerprint["size"]), self._fingerprint["sample_blake2b"], access, stat,
+                          compression_of(self._fspath))
 
     def _index(self, access: Access, given: dict[str, np.ndarray] | None, stat: FileStat | None, whole: bytes | None) -> dict[str, np.ndarray]:
         cache_file = index_cache.cache_path(

@@ -305,9 +305,9 @@ def test_the_zstd_extra_brings_zstandard():
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(dep.startswith("zstandard") for dep in extras["zstd"])
-    from zephon_core.sources import jsonl
+    from zephon_core.sources import byte_access
 
-    assert "zephon-suite[zstd]" in Path(jsonl.__file__).read_text()
+    assert "zephon-suite[zstd]" in Path(byte_access.__file__).read_text()
 
 
 _NAMES = st.sampled_from(["a.jsonl", "b.jsonl.gz", "c.jsonl.zst", "d.txt", "e.parquet", "x1.jsonl", "x22.jsonl"])

@@ -1,0 +1,135 @@
+"""One file's bytes, wherever it lives: the reader every format opens its files through.
+
+``open_bytes`` answers with a ``LocalBytes`` (pread on a local file) or a
+``RemoteBytes`` (coalesced, verified, retried range reads of an object, served
+from the process's page pool); a compressed file, or an object the access asks
+to copy whole, is made once per node into the shard cache and read from there.
+A format never opens a file another way, so every format gets the same retries,
+version checks, caches and counters, and adding one needs no I/O code of its own.
+
+Compression is named by a file's last suffix (``COMPRESSIONS``): a gzip, zstd,
+bzip2 or brotli stream cannot be entered in the middle, so it is decompressed
+whole, once per node; one pass per shard per node costs less than any index of
+restart points read by thousands of ranks.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+from collections.abc import Callable
+from typing import IO
+
+import fsspec
+
+from zephon_core.errors import DataError
+from zephon_core.sources.base import is_local
+from zephon_core.sources.files import Access, FileStat
+from zephon_core.sources.remote import LocalBytes, RemoteBytes, ScanStream, Version, fetch_object, fetch_range
+from zephon_core.sources.shard_cache import ShardCache
+
+ByteReader = LocalBytes | RemoteBytes
+
+_BLOCK = 1 << 22
+SMALL_OBJECT_BYTES = 2 << 20  # a plain object this small is fetched whole at start-up, in one request
+
+
+def _copy_decompressed(z: gzip.GzipFile | bz2.BZ2File, dst: IO[bytes]) -> None:
+    while chunk := z.read(_BLOCK):
+        dst.write(chunk)
+
+
+def _gunzip(src: IO[bytes], dst: IO[bytes]) -> None:
+    with gzip.GzipFile(fileobj=src) as z:
+        _copy_decompressed(z, dst)
+
+
+def _bunzip(src: IO[bytes], dst: IO[bytes]) -> None:
+    with bz2.BZ2File(src) as z:
+        _copy_decompressed(z, dst)
+
+
+def _unzstd(src: IO[bytes], dst: IO[bytes]) -> None:
+    try:
+        import zstandard
+    except ImportError:
+        raise DataError("reading zstd-compressed files needs the zstandard package: pip install 'zephon-suite[zstd]'") from None
+    zstandard.ZstdDecompressor().copy_stream(src, dst)
+
+
+def _unbrotli(src: IO[bytes], dst: IO[bytes]) -> None:
+    try:
+        import brotli
+    except ImportError:
+        raise DataError("reading brotli-compressed files needs the brotli package: pip install brotli") from None
+    dst.write(brotli.decompress(src.read()))  # brotli's Python binding has no stream reader of a file
+
+
+#: A file suffix and the compression it names, with the function that decompresses such a stream.
+COMPRESSIONS: dict[str, tuple[str, Callable[[IO[bytes], IO[bytes]], None]]] = {
+    ".gz": ("gzip", _gunzip),
+    ".zst": ("zstd", _unzstd),
+    ".zstd": ("zstd", _unzstd),
+    ".bz2": ("bzip2", _bunzip),
+    ".br": ("brotli", _unbrotli),
+}
+
+
+def compression_of(path: str) -> str | None:
+    """The compression ``path``'s last suffix names (``"gzip"``, ``"zstd"``...), None for a plain file."""
+    for suffix, (name, _) in COMPRESSIONS.items():
+        if path.endswith(suffix):
+            return name
+    return None
+
+
+def _decompressor(name: str) -> Callable[[IO[bytes], IO[bytes]], None]:
+    return next(fn for kind, fn in COMPRESSIONS.values() if kind == name)
+
+
+def small_object(fs: fsspec.AbstractFileSystem, fspath: str, stat: FileStat | None, access: Access) -> bytes | None:
+    """A small plain object on a store, whole, in one request; None where reading it in place is better.
+
+    A format that indexes its files at start-up takes both the fingerprint's sample and the
+    index from these bytes instead of sampling and scanning the object in several requests.
+    """
+    if stat is None or is_local(fs) or compression_of(fspath) or access.local_copy or stat.size > SMALL_OBJECT_BYTES:
+        return None
+    return fetch_range(fs, fspath, 0, stat.size, access.attempts, Version(stat.size, stat.etag) if stat.etag else None)
+
+
+def open_bytes(fs: fsspec.AbstractFileSystem, fspath: str, size: int, sample_blake2b: str, access: Access,
+               stat: FileStat | None = None, compression: str | None = None) -> ByteReader:
+    """The bytes of the file ``fspath`` of ``fs`` (``size`` bytes, as stored), decompressed where ``compression`` says.
+
+    ``sample_blake2b`` (the file's fingerprint sample) keys its shard-cache entry, so an edited
+    file never reads a stale copy; ``stat`` (from a listing or a manifest) lets every read on an
+    object store check that it is served the version the source recorded. A stream that does
+    not decompress is a ``DataError`` naming the file and the compression.
+    """
+    if is_local(fs) and compression is None:
+        return LocalBytes(fspath)
+    if is_local(fs):
+        stored: ByteReader = LocalBytes(fspath)
+    else:
+        stored = RemoteBytes(fs, fspath, size, attempts=access.attempts, etag=stat.etag if stat else None)
+        if compression is None and not access.local_copy:
+            return stored
+    cache = ShardCache(None if access.cache_dir is None else f"{access.cache_dir}/shards", access.cache_bytes)
+    url = fs.unstrip_protocol(fspath)
+    key = f"{compression or 'copy'}\x1f{url}\x1f{sample_blake2b}\x1f{size}"
+
+    def make(out: IO[bytes]) -> None:
+        if compression is None:
+            fetch_object(stored, out)
+            return
+        try:
+            # Through verified, retried reads: a store's own stream is neither.
+            _decompressor(compression)(io.BufferedReader(ScanStream(stored)), out)
+        except DataError:
+            raise
+        except Exception as e:  # gzip: OSError/EOFError, zstandard: ZstdError, brotli: brotli.error
+            raise DataError(f"{url}: cannot decompress ({compression}): {type(e).__name__}: {e}") from None
+
+    return LocalBytes(str(cache.get(key, make)))
