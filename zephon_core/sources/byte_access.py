@@ -19,7 +19,7 @@ import bz2
 import gzip
 import io
 from collections.abc import Callable
-from typing import IO
+from typing import IO, Any
 
 import fsspec
 
@@ -133,3 +133,46 @@ def open_bytes(fs: fsspec.AbstractFileSystem, fspath: str, size: int, sample_bla
             raise DataError(f"{url}: cannot decompress ({compression}): {type(e).__name__}: {e}") from None
 
     return LocalBytes(str(cache.get(key, make)))
+
+
+class ByteFile(io.RawIOBase):
+    """A read-only, seekable file object over a ``ByteReader``, for libraries that want one (pyarrow,
+    tarfile): every read they make is one of the reader's verified, retried, page-pooled reads."""
+
+    def __init__(self, reader: ByteReader, name: str) -> None:
+        super().__init__()
+        self._reader = reader
+        self._pos = 0
+        self.name = name
+        self.size = reader.size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), self.size - self._pos)
+        if want <= 0:
+            return 0
+        (data,) = self._reader.read_many([(self._pos, want)])
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        want = self.size - self._pos if size is None or size < 0 else min(size, self.size - self._pos)
+        if want <= 0:
+            return b""
+        (data,) = self._reader.read_many([(self._pos, want)])
+        self._pos += len(data)
+        return data

@@ -1,9 +1,13 @@
-"""Parquet documents, one row each, read by row group."""
+"""Parquet documents, one row each, read by row group.
+
+pyarrow reads a file through ``byte_access.ByteFile``: its footer and column chunks are the
+byte layer's verified, retried range reads (on a store, each checked against the version the
+listing or manifest recorded), like every format's.
+"""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -11,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.sources.base import Source, content_fingerprint, default_name, is_local, open_fs
+from zephon_core.sources.base import Source, content_fingerprint, default_name, open_fs
+from zephon_core.sources.byte_access import ByteFile, open_bytes
 from zephon_core.sources.files import Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
 from zephon_core.sources.registry import SourceArgs, register_format
-from zephon_core.sources.remote import Version, check_version
 from zephon_core.sources.sharded import ShardedSource
 
 _CACHED_ROW_GROUPS = 4
@@ -34,10 +38,10 @@ class ParquetFile(Source):
         self._fs, self._fspath = open_fs(self.path, storage_options)
         sample: dict[str, Any] = {"size": known.size, "sample_blake2b": known.sample_blake2b} if known else content_fingerprint(self._fs, self._fspath)
         self._fingerprint = {"kind": ParquetSource.kind, "text_field": text_field, **sample}
-        self._attempts = attempts
-        self._expect = Version(int(sample["size"]), etag) if etag else None
+        stat = FileStat(self._fspath, int(sample["size"]), etag)
+        self._bytes = open_bytes(self._fs, self._fspath, int(sample["size"]), str(sample["sample_blake2b"]), Access(attempts=attempts), stat)
         try:
-            self._file = pq.ParquetFile(self._open())
+            self._file = pq.ParquetFile(ByteFile(self._bytes, self.path))
         except DataError:
             raise
         except Exception as e:  # pyarrow raises several unrelated types for a bad file
@@ -58,19 +62,6 @@ class ParquetFile(Source):
         if not allow_empty:
             self._require_nonempty(self.path)
 
-    def _open(self) -> Any:
-        """The file, checked to be the version the source's manifest or listing recorded (s3fs reads
-        every range of an open file with If-Match on the version it opened)."""
-        f = self._fs.open(self._fspath, "rb")
-        details = getattr(f, "details", None) or {}
-        served = str(details.get("ETag") or "").strip('"')
-        try:
-            check_version(self.path, self._expect, Version(int(details.get("size", -1)), served) if served else None)
-        except DataError:
-            f.close()
-            raise
-        return f
-
     def __len__(self) -> int:
         return int(self._group_starts[-1])
 
@@ -86,21 +77,13 @@ class ParquetFile(Source):
             return values
 
     def _read_group(self, g: int) -> list[Any]:
-        # A transient store failure is retried on a fresh file handle; corrupt data fails at once.
-        for attempt in range(self._attempts):
-            try:
-                return list(self._file.read_row_group(g, columns=[self.text_field]).column(0).to_pylist())
-            except OSError as e:
-                if is_local(self._fs) or attempt + 1 == self._attempts:
-                    raise DataError(f"{self.path}: row group {g}: cannot read column {self.text_field!r} after {attempt + 1} "
-                                    f"attempt(s) ({type(e).__name__}: {e})") from None
-                import pyarrow.parquet as pq
-
-                time.sleep(0.05 * 2**attempt)
-                self._file = pq.ParquetFile(self._open())
-            except Exception as e:  # pyarrow raises several unrelated types for corrupt data
-                raise DataError(f"{self.path}: row group {g}: cannot read column {self.text_field!r} ({type(e).__name__}: {e})") from None
-        raise AssertionError("unreachable")
+        # Transient store failures were retried by the byte layer; what reaches here is final.
+        try:
+            return list(self._file.read_row_group(g, columns=[self.text_field]).column(0).to_pylist())
+        except DataError:
+            raise
+        except Exception as e:  # pyarrow raises several unrelated types for corrupt data
+            raise DataError(f"{self.path}: row group {g}: cannot read column {self.text_field!r} ({type(e).__name__}: {e})") from None
 
     def read(self, indices: Sequence[int]) -> list[Any]:
         out = []
