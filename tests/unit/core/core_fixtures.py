@@ -114,3 +114,50 @@ def zephon_cache_dir(tmp_path_factory, monkeypatch):
     d = tmp_path_factory.mktemp("zephon-cache")
     monkeypatch.setenv("ZEPHON_CACHE_DIR", str(d))
     return d
+
+
+def epoch_exactly_once(make_source: Any, tokenizer: Any | None, *, block: int | None = None, G1: int = 2, G2: int = 4,
+                       first: int = 2, C: int = 4, seq_len: int = 8) -> list[Any]:
+    """Every document of ``make_source()`` read through a pipeline over one epoch: ``first`` batches per group
+    on ``G1`` groups, a checkpoint, its merge and a resume on ``G2`` groups (``C`` lanes). Asserts that every
+    token of every document (and, text sources, its eos) was delivered exactly once, and returns the documents in source order.
+
+    ``tokenizer`` None: the source is pretokenized. Any format's exactly-once property test calls this with a
+    factory of that format's source (a new one for every pipeline, as every rank opens its own).
+    """
+    from zephon_core import merge_states
+
+    def make(G: int, g: int) -> Pipeline:
+        ws = StaticMixture([make_source()], seed=2, chunk_size=3, exhausted="stop", block_size=block, block_window=2)
+        p = Pipeline(ws)
+        p = p.tokenize(tokenizer, eos_id=0) if tokenizer is not None else p
+        return p.pack(seq_len).batch(1, drop_last=False).options(dp_degree=G, dp_group_id=g, canonical_replicas=C, prefetch=0,
+                                                                 reader_threads=g % 2)
+
+    seen: list[tuple[int, int, int]] = []
+    states = []
+    for g in range(G1):
+        p = make(G1, g)
+        it = iter(p)
+        for _ in range(first):
+            b = next(it, None)
+            if b is None:
+                break
+            seen += [(s.document, s.start, s.stop) for row in b.provenance for s in row]
+        states.append(p.checkpoint())
+        p.close()
+    merged = merge_states(states)
+    for g in range(G2):
+        p = make(G2, g)
+        p.restore(merged)
+        for b in p:
+            seen += [(s.document, s.start, s.stop) for row in b.provenance for s in row]
+        p.close()
+    src = make_source()
+    docs = src.read(list(range(len(src))))
+    for d, doc in enumerate(docs):
+        spans = sorted((a, b) for doc_id, a, b in seen if doc_id == d)
+        covered = [t for a, b in spans for t in range(a, b)]
+        size = len(tokenizer.encode(doc)) + 1 if tokenizer is not None else len(doc)  # +1: the eos token
+        assert covered == list(range(size)), f"document {d}: tokens delivered {covered}"
+    return docs

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from core_fixtures import CharTokenizer, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
+from core_fixtures import CharTokenizer, epoch_exactly_once, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zephon_core import DataError, JsonlSource, MegatronIndexedSource, ParquetSource, Pipeline, StateError, StaticMixture, merge_states
+from zephon_core import DataError, JsonlSource, MegatronIndexedSource, ParquetSource, Pipeline, StateError, StaticMixture
 from zephon_core.curriculum.order import BlockShuffle
 from zephon_core.sources import manifest
 from zephon_core.sources.files import list_files, manifest_scope
@@ -196,42 +196,8 @@ def test_block_mode_changes_the_definition_and_nothing_else_does(tmp_path):
 
 
 # -- the data contract over random shard layouts --------------------------------------------
-def _epoch_rows(folder: Path, block: int | None, G1: int, G2: int, first: int, C: int = 4) -> list[str]:
-    """Every document's text as delivered over one epoch, with a checkpoint after ``first`` batches per group on ``G1``
-    groups and a resume on ``G2``."""
-    def make(G: int, g: int) -> Pipeline:
-        ws = StaticMixture([JsonlSource(str(folder))], seed=2, chunk_size=3, exhausted="stop", block_size=block, block_window=2)
-        return Pipeline(ws).tokenize(CharTokenizer(), eos_id=0).pack(8).batch(1, drop_last=False).options(
-            dp_degree=G, dp_group_id=g, canonical_replicas=C, prefetch=0, reader_threads=g % 2)
-
-    seen: list[tuple[int, int, int]] = []
-    states = []
-    for g in range(G1):
-        p = make(G1, g)
-        it = iter(p)
-        for _ in range(first):
-            b = next(it, None)
-            if b is None:
-                break
-            seen += [(s.document, s.start, s.stop) for row in b.provenance for s in row]
-        states.append(p.checkpoint())
-        p.close()
-    merged = merge_states(states)
-    for g in range(G2):
-        p = make(G2, g)
-        p.restore(merged)
-        for b in p:
-            seen += [(s.document, s.start, s.stop) for row in b.provenance for s in row]
-        p.close()
-    src = JsonlSource(str(folder))
-    docs = all_docs(src)
-    out = []
-    for d, text in enumerate(docs):
-        spans = sorted((a, b) for doc, a, b in seen if doc == d)
-        covered = [t for a, b in spans for t in range(a, b)]
-        assert covered == list(range(len(text) + 1)), f"document {d}: tokens delivered {covered}"  # +1: the eos token
-        out.append(text)
-    return out
+def _epoch_rows(folder: Path, block: int | None, G1: int, G2: int, first: int) -> list[str]:
+    return epoch_exactly_once(lambda: JsonlSource(str(folder)), CharTokenizer(), block=block, G1=G1, G2=G2, first=first)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
