@@ -58,6 +58,8 @@ GOALS = {
     "P6_mb": 50.0,
     "P7_cold_s": 60.0,
     "P7_warm_s": 2.0,
+    "P7_s3_cold_gets_per_shard": 1.05,
+    "P7_s3_cold_over_floor": 1.2,
     "P8_gets_per_1m_tokens": 10.0,
     "P8_s3_over_local": 0.5,
     "P9_stats_over_off": 0.98,
@@ -514,11 +516,20 @@ def verdicts(R: dict) -> list[dict]:
             v = v0 / npc
             add(f"P2 {name.split()[-1]} vs NumPy copy of its document order (tokens/s)", ">= 0.5", v, v >= GOALS["P2_vs_numpy"], f"{v:.4f}")
     p7 = R.get("P7", {})
-    for where in ("local", "s3"):
-        for kind, key, lim in (("cold", "P7_cold_s", "<= 60 s"), ("warm", "P7_warm_s", "<= 2 s")):
-            v = p7.get(f"{where}_{kind}_s")
-            if v is not None:
-                add(f"P7 start-up over {p7['files']} shards, {kind}, {where}", lim, v, v <= GOALS[key], f"{v:.2f} s")
+    for where, kind, key, lim in (("local", "cold", "P7_cold_s", "<= 60 s"), ("local", "warm", "P7_warm_s", "<= 2 s"),
+                                  ("s3", "warm", "P7_warm_s", "<= 2 s")):
+        v = p7.get(f"{where}_{kind}_s")
+        if v is not None:
+            add(f"P7 start-up over {p7['files']} shards, {kind}, {where}", lim, v, v <= GOALS[key], f"{v:.2f} s")
+    # Restated (#26): on S3 a cold start is bounded by the store (one GET per shard at least), so the
+    # loader is measured against the store's own floor in the same run, not a wall-clock figure.
+    if "s3_cold_gets_per_shard" in p7:
+        v = p7["s3_cold_gets_per_shard"]
+        add(f"P7 cold start-up on s3: GETs per shard ({p7['files']} shards)", "<= 1.05", v,
+            v <= GOALS["P7_s3_cold_gets_per_shard"], f"{v:.3f}")
+        v = p7["s3_cold_over_floor"]
+        add("P7 cold start-up on s3 vs the server's floor (a listing + one GET per shard, same run)", "<= 1.2x", v,
+            v <= GOALS["P7_s3_cold_over_floor"], f"{v:.2f}x ({p7['s3_cold_s']:.1f} s / {p7['s3_floor_s']:.1f} s)")
     p8 = R.get("P8", {})
     if "s3_blocks_gets_per_1m_tokens" in p8:
         v = p8["s3_blocks_gets_per_1m_tokens"]
@@ -740,6 +751,11 @@ def markdown(R: dict) -> str:
         L.append("|---|---|---|---|")
         for where in ("local", "s3"):
             L.append(f"| {where} | {x[where + '_cold_s']:.2f} s | {x[where + '_index_s']:.2f} s | {x[where + '_warm_s']:.2f} s |")
+        if "s3_floor_s" in x:
+            req = x["s3_cold_requests"]
+            L.append(f"\nOn s3 a cold start made {req['get']} GETs, {req['list']} listings and {req['head']} HEADs for {x['files']} "
+                     f"shards; the server's own floor (one listing and one GET per shard by a bare s3fs client, same run) "
+                     f"took {x['s3_floor_s']:.2f} s, the loader {x['s3_cold_over_floor']:.2f}x that.")
         L.append("")
     if "P8" in R and "error" not in R["P8"]:
         x = R["P8"]
