@@ -2,7 +2,8 @@
 # The tests. Builds the environment on first use.
 #
 #   bash scripts/test.sh                      # everything: lint and type check, the serial suite
-#                                             # (unit, property, reliability, e2e) and the MPI matrix
+#                                             # (unit, property, reliability) beside the e2e launches,
+#                                             # then the MPI matrix
 #   bash scripts/test.sh --fast               # the inner loop: lint and the serial suite without the
 #                                             # e2e tests (those marked e2e: every torchrun training
 #                                             # launch) and without the MPI matrix; pytest options may
@@ -83,30 +84,65 @@ rm -rf "$art" && mkdir -p "$art"
 export ZEPHON_CACHE_DIR="$art/index-cache"
 
 status=0 rc=0
+# Lint, the loader-level tests and the e2e launches are independent: in a full or --fast run
+# they go side by side (a launch spends most of its ~25 s importing, one core while the other
+# runs tests); each pytest stream has its own temp folder and JUnit XML. ZEPHON_TEST_STREAMS=1
+# runs them one after another instead.
+side_by_side=$(( ${ZEPHON_TEST_STREAMS:-2} > 1 ))
+pids=() names=() failed=()
+start_stage() {  # start_stage NAME CMD...: in the background; wait_stages collects them
+  names+=("$1"); shift
+  "$@" &
+  pids+=("$!")
+  ((side_by_side)) || wait_stages
+}
+wait_stages() {
+  local i
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    rc=$?
+    case "${names[$i]}" in
+      lint) lint_rc=$rc ;;
+      *) if [[ $rc -ne 0 && $rc -ne 5 ]]; then status=1; failed+=("${names[$i]}"); fi ;;
+    esac
+  done
+  pids=() names=()
+}
+pytest_stage() {  # pytest_stage NAME PYTEST-ARGS...: one stream of the suite, its XML at $art/NAME.xml
+  local name="$1"; shift
+  xmls+=("$art/$name.xml")
+  start_stage "$name" timeout -k 30 4200 "$ZEPHON_PY" -m pytest -q -ra --timeout=1200 \
+    --basetemp="$art/tmp-$name" --junitxml="$art/$name.xml" "$@"
+}
+
 lint_rc=skipped
 if ((lint)); then
-  echo "== lint"
-  run_stage bash -c 'bash scripts/lint.sh > "$1" 2>&1' lint "$art/lint.log"
-  lint_rc=$rc
+  echo "== lint (log: $art/lint.log)"
+  start_stage lint bash -c 'bash scripts/lint.sh > "$1" 2>&1' lint "$art/lint.log"
+fi
+
+xmls=()
+if (($# == 0)); then
+  echo "== serial suite and e2e launches, side by side (logs: $art/serial.log, e2e.log)"
+  pytest_stage serial tests -m "not e2e" > "$art/serial.log" 2>&1
+  pytest_stage e2e tests -m e2e > "$art/e2e.log" 2>&1
+elif ((fast)); then
+  echo "== serial suite without e2e"
+  pytest_stage serial tests -m "not e2e" "${selection[@]}"
+elif ((${#selection[@]})); then
+  echo "== pytest ${selection[*]}"
+  pytest_stage serial "${selection[@]}"
+fi
+wait_stages
+if [[ $lint_rc != skipped ]]; then
   tail -n 30 "$art/lint.log"
   [[ $lint_rc -ne 0 ]] && status=1
 fi
-
-xml=skipped
-if (($# == 0 || fast)) || ((${#selection[@]})); then
-  xml="$art/serial.xml"
-  if (($# == 0)); then
-    echo "== serial suite"
-    run_stage timeout -k 30 4200 "$ZEPHON_PY" -m pytest tests -q -ra --timeout=1200 --junitxml="$xml"
-  elif ((fast)); then
-    echo "== serial suite without e2e"
-    run_stage timeout -k 30 4200 "$ZEPHON_PY" -m pytest tests -m "not e2e" -q -ra --timeout=1200 --junitxml="$xml" \
-      "${selection[@]}"
-  else
-    echo "== pytest ${selection[*]}"
-    run_stage timeout -k 30 4200 "$ZEPHON_PY" -m pytest -q -ra --timeout=1200 --junitxml="$xml" "${selection[@]}"
-  fi
-  [[ $rc -ne 0 && $rc -ne 5 ]] && status=1
+if (($# == 0)); then
+  for name in serial e2e; do  # a failing stream's whole log (its tracebacks), a passing one's summary
+    echo "== $name"
+    if [[ " ${failed[*]} " == *" $name "* ]]; then cat "$art/$name.log"; else tail -n 5 "$art/$name.log"; fi
+  done
 fi
 
 mpi_log=skipped
@@ -117,13 +153,13 @@ if ((mpi)); then
   [[ $rc -ne 0 ]] && status=1
 fi
 
-"$ZEPHON_PY" - "$xml" "$mpi_log" "$lint_rc" <<'PY'
+"$ZEPHON_PY" - "$mpi_log" "$lint_rc" "${xmls[@]}" <<'PY'
 import re, sys, xml.etree.ElementTree as ET
-xml, mpi_log, lint = sys.argv[1:]
+mpi_log, lint, *xmls = sys.argv[1:]
 p = f = s = 0
 if lint != "skipped":
     p, f = (1, 0) if lint == "0" else (0, 1)
-if xml != "skipped":
+for xml in xmls:
     try:
         for suite in ET.parse(xml).getroot().iter("testsuite"):
             t, e, fl, sk = (int(suite.get(k, 0)) for k in ("tests", "errors", "failures", "skipped"))
