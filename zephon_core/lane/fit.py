@@ -30,7 +30,6 @@ import numpy as np
 from zephon_core.errors import StateError
 from zephon_core.lane.packing import Packer, Position, RowBlock
 from zephon_core.lane.pieces import Piece
-from zephon_core.sources.base import gather_index
 
 # A document held in a window: lane chunk, document in it, source, document in the source, tokens.
 _Doc = tuple[int, int, int, int, np.ndarray]
@@ -159,9 +158,10 @@ class FitPacker(Packer):
         before = np.cumsum(n) - n
         before -= before[np.searchsorted(row, np.arange(R))][row]  # tokens of the row before the item
         flat = np.full(R * self.width, self.pad_id, dtype=np.int64)
-        source_tokens = np.concatenate([d[4] for d in docs])
-        doc_at = np.cumsum(L) - L
-        flat[gather_index(row * self.width + before, n)] = source_tokens[gather_index(doc_at[doc] + a, n)]
+        # One slice copy per item: a window has about as many items as documents, and per-token
+        # index arrays (a gather and a scatter) cost several times the copy itself.
+        for d, x, y, at in zip(doc.tolist(), a.tolist(), b.tolist(), (row * self.width + before).tolist()):
+            flat[at : at + y - x] = docs[d][4][x:y]
         seg = np.column_stack([row, np.fromiter((d[2] for d in docs), np.int64, len(docs))[doc],
                                np.fromiter((d[3] for d in docs), np.int64, len(docs))[doc], a, b])
         if self._truncate:
