@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
-from fsops import count  # noqa: E402
+from support.fsops import count  # noqa: E402
 
 from zephon_core.checkpoint.aggregate import Aggregator  # noqa: E402
 from zephon_core.checkpoint.state import canonical_json, make_state  # noqa: E402
@@ -233,7 +233,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     a.run_id = f"scale-{uuid.uuid4().hex[:8]}"
     server, so = None, {}
     if a.backend == "s3":
-        from s3_server import S3Server
+        from support.s3_server import S3Server
 
         server = S3Server(bucket="zephon-scale", mode="process", latency_s=a.latency_ms / 1000)
         so = server.start().storage_options

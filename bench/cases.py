@@ -724,7 +724,7 @@ def case_aggregate(a: dict) -> None:
         import s3fs  # noqa: F401
 
         sys.path.insert(0, str(ROOT / "tests"))
-        from s3_server import S3Server
+        from support.s3_server import S3Server
 
         server = S3Server(bucket="zephon-bench", mode="process")
         ep = server.start()

@@ -713,7 +713,7 @@ def markdown(R: dict) -> str:
     if R.get("P4S"):
         L.append("## P4S checkpoint aggregation at cluster scale (bench/aggregate_scale.py; 2 CPUs for every rank)\n")
         L.append("Round 1 is a launch's first checkpoint (every rank writes); later rounds, only each dp group's representative. "
-                 "Latency: last rank done - first rank's call. Operations and bytes: per rank per checkpoint (bench/fsops.py).\n")
+                 "Latency: last rank done - first rank's call. Operations and bytes: per rank per checkpoint (tests/support/fsops.py).\n")
         L.append("| case | round | latency s | CPU s | writers | metadata ops / rank (max) | kB read / rank | B written / rank | S3 requests / rank |")
         L.append("|---|---|---|---|---|---|---|---|---|")
         for name, res in R["P4S"].items():

@@ -111,8 +111,13 @@ wait_stages() {
 pytest_stage() {  # pytest_stage NAME PYTEST-ARGS...: one stream of the suite, its XML at $art/NAME.xml
   local name="$1"; shift
   xmls+=("$art/$name.xml")
+  # Temp folders outside the clone (tests check that what they install runs from elsewhere),
+  # removed after a run that passed.
+  local tmp
+  tmp="$(mktemp -d "${TMPDIR:-/tmp}/zephon-tests-$name-XXXXXX")"
+  temps+=("$tmp")
   start_stage "$name" timeout -k 30 4200 "$ZEPHON_PY" -m pytest -q -ra --timeout=1200 \
-    --basetemp="$art/tmp-$name" --junitxml="$art/$name.xml" "$@"
+    --basetemp="$tmp" --junitxml="$art/$name.xml" "$@"
 }
 
 lint_rc=skipped
@@ -121,7 +126,7 @@ if ((lint)); then
   start_stage lint bash -c 'bash scripts/lint.sh > "$1" 2>&1' lint "$art/lint.log"
 fi
 
-xmls=()
+xmls=() temps=()
 if (($# == 0)); then
   echo "== serial suite and e2e launches, side by side (logs: $art/serial.log, e2e.log)"
   pytest_stage serial tests -m "not e2e" > "$art/serial.log" 2>&1
@@ -134,6 +139,7 @@ elif ((${#selection[@]})); then
   pytest_stage serial "${selection[@]}"
 fi
 wait_stages
+((status)) || rm -rf "${temps[@]}"
 if [[ $lint_rc != skipped ]]; then
   tail -n 30 "$art/lint.log"
   [[ $lint_rc -ne 0 ]] && status=1

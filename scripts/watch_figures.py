@@ -7,7 +7,7 @@ on 2, then 4, then 8 data-parallel groups: ``zephon_core.tools.simulate``), writ
 every group's batch audit log as the adapters do, then draws
 ``OUT_DIR/watch_plan.png`` with ``zephon explain --plot`` and
 ``OUT_DIR/watch_report.png`` with ``zephon report --plot`` (OUT_DIR: docs/img).
-tests/unit/core/test_report.py runs it into a temporary folder.
+tests/unit/core/tools/test_report.py runs it into a temporary folder.
 """
 
 from __future__ import annotations

@@ -14,19 +14,13 @@ that rank 0 owns the one server and all ranks share it.
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
-
-_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-if _TESTS_DIR not in sys.path:  # makes ``import s3_server`` work from any test
-    sys.path.insert(0, _TESTS_DIR)
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
-    import s3_server
-
+    from support import s3_server
     mode = os.environ.get("ZEPHON_TEST_S3_MODE", "thread")
     with s3_server.S3Server(mode=mode) as ep, pytest.MonkeyPatch.context() as mp:
         for name, value in s3_server.s3_env(ep).items():

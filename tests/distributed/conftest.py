@@ -39,10 +39,6 @@ from pathlib import Path
 
 import pytest
 
-_TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _TESTS_DIR not in sys.path:  # ``import s3_server`` even if tests/conftest.py is not loaded
-    sys.path.insert(0, _TESTS_DIR)
-
 PG_TIMEOUT = timedelta(seconds=60)
 LOOPBACK = "127.0.0.1"
 
@@ -214,8 +210,7 @@ def _default_group_ready() -> bool:
 
 @pytest.fixture
 def barrier(mpi_comm):
-    import s3_server
-
+    from support import s3_server
     def _barrier(timeout: float = 60.0) -> None:
         if _default_group_ready():
             import torch.distributed as dist
@@ -243,8 +238,7 @@ def allgather(mpi_comm):
 
 @pytest.fixture(scope="session")
 def s3_endpoint(mpi_comm, request):
-    import s3_server
-
+    from support import s3_server
     def teardown_barrier() -> bool:
         # After a failure some ranks may never get here (-x); don't wait for them.
         if request.session.testsfailed:

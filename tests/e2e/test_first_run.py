@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from doc_commands import ROOT, after, find
 from harnesses import load
+from support.cli import zephon
+from support.doc_commands import ROOT, after, find
 
 from zephon_core.tools.audit import read_batch_log
 
@@ -27,10 +27,6 @@ pytestmark = pytest.mark.e2e
 tt = load("torchtitan")
 mg = load("megatron")
 CONFIGS = ROOT / "configs"
-
-
-def zephon(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def logged_steps(folder: Path, batches_per_step: int, C: int) -> dict[int, dict[tuple[int, int], str]]:

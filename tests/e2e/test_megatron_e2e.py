@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 from harnesses import load
-from tensorboard_events import scalars
+from support.tensorboard_events import scalars
 
 from zephon_core.tools.audit import read_batch_log
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from tensorboard_events import scalars
+from support.tensorboard_events import scalars
 from tt_runs import GLOBAL_BATCH, LOCAL_BATCH, launch, steps_of
 
 from zephon_core.tools.audit import read_batch_log

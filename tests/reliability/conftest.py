@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
+import relkit  # pytest puts this folder on the path for its conftest and tests
 
 _HERE = Path(__file__).resolve().parent
-if str(_HERE) not in sys.path:  # ``import relkit`` from the tests
-    sys.path.insert(0, str(_HERE))
-
-import relkit  # noqa: E402
 
 _RECORDS: dict[str, dict] = {}
 _STARTED = time.time()

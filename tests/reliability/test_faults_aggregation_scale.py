@@ -2,7 +2,7 @@
 that never arrives among 1,024 simulated ranks, a launch restarted while 1,024 ranks' files of the
 old one remain. Each ends in an error naming the rank, or in the right merged state on every rank:
 0 states lost, mixed or silently accepted. Simulated ranks are threads of this process, each with
-its own Aggregator and state (tests/simranks.py); their state at step k has every lane at k."""
+its own Aggregator and state (tests/support/simranks.py); their state at step k has every lane at k."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import relkit
 from relkit import C, M, by_step, compare, rank_config, reference, run_ranks, write_json
-from simranks import SimRanks
+from support.simranks import SimRanks
 
 from zephon_core import AggregationError
 

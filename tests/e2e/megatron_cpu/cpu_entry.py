@@ -9,12 +9,9 @@ points are then used exactly as a user would run them on GPUs.
 
 from __future__ import annotations
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import shim  # noqa: E402
+import shim  # next to this file: a script's folder is the first entry of its path
 
 shim.apply()
 

@@ -320,7 +320,7 @@ def apply() -> None:
     _MODE = _CudaToCpuMode()
     _MODE.__enter__()  # stays active for the life of the process
     _patch_megatron()
-    import cp_attention  # next to this file (cpu_entry.py puts the folder on sys.path)
+    import cp_attention  # next to this file (the folder of cpu_entry.py, the script run, is on the path)
 
     cp_attention.install()
     _APPLIED = True

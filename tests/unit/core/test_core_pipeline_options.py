@@ -6,7 +6,7 @@ import re
 import warnings
 
 import pytest
-from core_fixtures import CharTokenizer, mixture, text_docs, token_pipeline
+from support.core_fixtures import CharTokenizer, mixture, text_docs, token_pipeline
 
 from zephon_core import ConfigError, DataError, MemorySource, Pipeline, StaticMixture
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from core_fixtures import CharTokenizer, take, write_jsonl, zephon_cache_dir  # noqa: F401  (autouse fixture)
+from support.core_fixtures import CharTokenizer, take, write_jsonl, zephon_cache_dir  # noqa: F401  (autouse fixture)
 
 from zephon_core import ConfigError, JsonlSource, TokenArraySource
 from zephon_core.recipe import load_recipe

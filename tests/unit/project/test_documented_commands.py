@@ -1,6 +1,6 @@
 """Every command the README, docs/, configs/ and the examples show runs as written.
 
-Each documented command (``tests/doc_commands.py`` finds them) must match one rule
+Each documented command (``tests/support/doc_commands.py`` finds them) must match one rule
 below: run here, as written, with the project environment active; run by the named
 test (the e2e launches, on CPU through the documented launchers); a synopsis whose
 subcommand and options must exist; or an exemption with its reason. A command
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from doc_commands import ROOT, Command, documented
+from support.doc_commands import ROOT, Command, documented
 
 BIN = Path(sys.executable).parent  # the environment's bin/: zephon, python, torchrun
 
@@ -52,10 +52,10 @@ RULES: list[tuple[str, str, str]] = [
     (r"^pip install 'zephon-suite\[tokenizers\]'$", "test", "tests/unit/project/test_packaging.py::test_core_wheel_alone_gives_a_working_cli_and_the_configs"),
     (r"^pip install \"\.\[(torchtitan|megatron)\]\"$", "test", "tests/unit/project/test_packaging.py::test_extras_name_what_each_route_imports"),
     (r"^python configs/megatron/make_indexed_corpus\.py", "run", "in a zephon init folder"),
-    (r"^python scripts/watch_figures\.py$", "test", "tests/unit/core/test_report.py::test_the_docs_figures_regenerate"),
+    (r"^python scripts/watch_figures\.py$", "test", "tests/unit/core/tools/test_report.py::test_the_docs_figures_regenerate"),
     (r"^pip install 'zephon-suite\[plot\]'$", "test", "tests/unit/project/test_packaging.py::test_extras_name_what_each_route_imports"),
-    (r"^pip install 'zephon-suite\[zstd\]'$", "test", "tests/unit/core/test_sources_at_scale.py::test_the_zstd_extra_brings_zstandard"),
-    (r"^zephon index \"s3://", "test", "tests/unit/core/test_sources_s3.py::test_a_manifest_on_s3_is_the_one_request_at_start_up_and_every_read_checks_its_version"),
+    (r"^pip install 'zephon-suite\[zstd\]'$", "test", "tests/unit/core/sources/test_sources_at_scale.py::test_the_zstd_extra_brings_zstandard"),
+    (r"^zephon index \"s3://", "test", "tests/unit/core/sources/test_sources_s3.py::test_a_manifest_on_s3_is_the_one_request_at_start_up_and_every_read_checks_its_version"),
     (r"^zephon [a-z-]+( [A-Z][A-Z0-9.]*| \[.*\]| --[a-z-]+( [A-Z0-9]+)?)*$|^zephon [a-z-]+$|^zephon [a-z |-]+$", "synopsis", ""),
     (r"^zephon ", "run", ""),
     (r"^(bash scripts/demo\.sh --data-only|python -m zephon_core\.tools\.demo)$", "run", "outside the clone"),

@@ -47,7 +47,7 @@ def test_fast_runs_lint_and_the_serial_suite_without_e2e_or_the_mpi_matrix(tmp_p
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "== lint" in r.stdout and "== serial suite without e2e" in r.stdout and "== MPI matrix" not in r.stdout
     collected = [line.split("::")[0] for line in r.stdout.splitlines() if line.startswith("tests/")]
-    assert {"tests/unit/core/test_core_checkpoint.py", "tests/reliability/test_faults_restore.py"} <= set(collected)
+    assert {"tests/unit/core/checkpoint/test_core_checkpoint.py", "tests/reliability/test_faults_restore.py"} <= set(collected)
     launches = [f for f in collected if f.startswith("tests/e2e/")]
     assert not launches, f"the e2e tests (torchrun launches) are not deselected: {launches}"
 

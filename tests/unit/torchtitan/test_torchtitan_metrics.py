@@ -18,7 +18,7 @@ pytest.importorskip("tensorboard")
 
 import torchtitan.components.metrics as ttm  # noqa: E402
 import torchtitan.tools.utils as ttu  # noqa: E402
-from tensorboard_events import scalars  # noqa: E402
+from support.tensorboard_events import scalars  # noqa: E402
 from torchtitan.components.metrics import MetricsProcessor  # noqa: E402
 from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
 from tt022 import run_022  # noqa: E402

@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from core_fixtures import CharTokenizer, mixture, text_docs
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.core_fixtures import CharTokenizer, mixture, text_docs
 
 from zephon_core import Cursor, MemorySource, StateError, StaticMixture, TokenArraySource
 from zephon_core.errors import DataError

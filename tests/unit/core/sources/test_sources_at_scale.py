@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from core_fixtures import CharTokenizer, epoch_exactly_once, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.cli import zephon
+from support.core_fixtures import CharTokenizer, epoch_exactly_once, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
 
 from zephon_core import DataError, JsonlSource, MegatronIndexedSource, ParquetSource, Pipeline, StateError, StaticMixture
 from zephon_core.curriculum.order import BlockShuffle
@@ -27,7 +28,7 @@ from zephon_core.sources.files import list_files, manifest_scope
 from zephon_core.sources.jsonl import SUFFIXES
 from zephon_core.sources.shard_cache import ShardCache
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def write_shards(folder: Path, counts: list[int], *, suffix: str = ".jsonl", start: int = 0) -> list[str]:
@@ -121,10 +122,6 @@ def test_parquet_and_megatron_sources_span_many_files(tmp_path):
 
 
 # -- manifests -----------------------------------------------------------------------------
-def zephon(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", *args], capture_output=True, text=True, timeout=300)
-
-
 def test_zephon_index_writes_a_manifest_that_pipelines_use_without_opening_files(tmp_path, monkeypatch):
     texts = write_shards(tmp_path / "d", [3, 0, 4, 2], suffix=".jsonl.gz")
     r = zephon("index", str(tmp_path / "d"), "--progress")

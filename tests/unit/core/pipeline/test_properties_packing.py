@@ -13,20 +13,13 @@
 from __future__ import annotations
 
 import math
-import os
-import sys
 from collections import Counter, defaultdict
 from dataclasses import replace
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-from property_strategies import CANONICAL_REPLICAS, Recipe, divisors, recipes  # noqa: E402
+from support.property_strategies import CANONICAL_REPLICAS, Recipe, divisors, recipes  # noqa: E402
 from test_properties import (  # noqa: E402
     Maker,
     _restore_reads,

@@ -24,7 +24,7 @@ from zephon_core import (
 from zephon_core.curriculum.work_source import Chunk, WorkSource
 from zephon_core.tools.curriculum_audit import audit_curriculum
 
-CORPUS = Path(__file__).resolve().parents[3] / "configs" / "corpus" / "stdlib_docs.jsonl"
+CORPUS = Path(__file__).resolve().parents[4] / "configs" / "corpus" / "stdlib_docs.jsonl"
 
 
 def token_sources(sizes=(37, 11, 53), seed=1, min_len=0):
@@ -231,7 +231,7 @@ def pipeline(ws, C=4, **kw):
 
 
 def test_restoring_deep_into_a_staged_run_reads_no_more_than_near_its_start():
-    from property_strategies import CountingMemorySource
+    from support.property_strategies import CountingMemorySource
 
     def reads(batches):
         with pipeline(StagedMixture(token_sources(min_len=1), three_stages(), seed=2, chunk_size=16)) as p:

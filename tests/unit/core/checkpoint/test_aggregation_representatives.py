@@ -1,22 +1,18 @@
 """Fewer writers: at a launch's first checkpoint every rank writes; then one representative per dp group
 (global rank g * stride) writes for its peers. A missing or wrong representative is named or refused,
-never merged silently. Ranks are threads of this process (tests/simranks.py), their file-system
-operations counted with bench/fsops.py."""
+never merged silently. Ranks are threads of this process (tests/support/simranks.py), their file-system
+operations counted with tests/support/fsops.py."""
 
 from __future__ import annotations
 
 import json
 import random
-import sys
-from pathlib import Path
 
 import pytest
-from simranks import SimRanks, mesh
+from support.fsops import count
+from support.simranks import SimRanks, mesh
 
 from zephon_core import AggregationError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-from fsops import count  # noqa: E402
 
 
 def counted(ranks: SimRanks) -> list:

@@ -1,4 +1,4 @@
-"""Shared helpers for the zephon_core unit tests (tests/unit/core/test_core_*.py).
+"""Shared helpers for the zephon_core tests (tests/unit/core/ and the format tests).
 
 Documents are built so that every token names where it came from: token
 ``j`` of document ``d`` of source ``s`` is ``encode_token(s, d, j)``. A test

@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "zephon_core" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 STARTS = ("zephon ", "python ", "bash ", "torchrun ", "pip install ", "$ZEPHON_PY ", "source scripts/")

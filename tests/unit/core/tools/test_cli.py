@@ -9,21 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import zephon
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 DEMO = ROOT / "configs" / "data" / "demo.toml"
-
-
-def zephon(*args: str, check: bool | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "integrations" / "torchtitan"), str(ROOT / "integrations" / "megatron"), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", *args], capture_output=True, text=True, timeout=600, env=env)
 
 
 @pytest.fixture(scope="module")
 def states(tmp_path_factory):
     """Two merged states of the demo recipe: after 1 and after 2 global steps."""
-    sys.path.insert(0, str(ROOT))
     from zephon_core import merge_states
     from zephon_core.recipe import load_recipe
 

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from core_fixtures import write_jsonl, zephon_cache_dir  # noqa: F401  (autouse fixture)
+from support.core_fixtures import write_jsonl, zephon_cache_dir  # noqa: F401  (autouse fixture)
 
 from zephon_core import DataError, JsonlSource, MemorySource, ParquetSource, TokenArraySource
 from zephon_core.sources import jsonl as jsonl_module

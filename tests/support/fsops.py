@@ -1,6 +1,6 @@
 """Count the file-system operations and bytes of one rank's aggregation folder.
 
-    from fsops import count
+    from support.fsops import count
     ops = count(aggregator.dir)     # wraps the folder's io in place
     ... aggregator.checkpoint(state) ...
     ops.metadata, ops.bytes_written, ops.bytes_read, ops.by_kind
@@ -11,7 +11,7 @@
 delete counts one per file, as the store does the work per file). Every kind
 counts as a metadata operation: each is a lookup or a change of the namespace
 (on a parallel file system, a request to its metadata server). Bytes are the
-payloads read and written. Used by bench/aggregate_scale.py and by tests.
+payloads read and written. Used by tests and by bench/aggregate_scale.py.
 """
 
 from __future__ import annotations

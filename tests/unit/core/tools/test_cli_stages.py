@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli import zephon as cli
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_cli import zephon as cli  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 MAIN = ROOT / "configs" / "data" / "curriculum_main.toml"  # warm-up and main
 FULL = ROOT / "configs" / "data" / "curriculum.toml"  # the same with an anneal stage appended at step 60
 
@@ -19,7 +16,6 @@ FULL = ROOT / "configs" / "data" / "curriculum.toml"  # the same with an anneal 
 @pytest.fixture(scope="module")
 def states(tmp_path_factory):
     """Merged states of curriculum_main.toml on 2 groups after 20 and after 70 global steps of 8 batches."""
-    sys.path.insert(0, str(ROOT))
     from zephon_core.recipe import load_recipe
     from zephon_core.tools.simulate import Phase, run_phase
 

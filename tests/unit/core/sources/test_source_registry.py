@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from core_fixtures import CharTokenizer, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
+from support.core_fixtures import CharTokenizer, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
 
 from zephon_core import ConfigError
 from zephon_core.recipe import load_recipe

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from core_fixtures import CharTokenizer, digests, encode_token, mixture, take, text_docs, token_pipeline
+from support.core_fixtures import CharTokenizer, digests, encode_token, mixture, take, text_docs, token_pipeline
 
 from zephon_core import Batch, Cursor, MemorySource, Pipeline, StaticMixture
 

@@ -9,9 +9,9 @@ import threading
 import time
 
 import pytest
-from core_fixtures import digests, json_roundtrip, mixture, take, token_pipeline
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.core_fixtures import digests, json_roundtrip, mixture, take, token_pipeline
 
 from zephon_core import ConfigError, MemorySource, Pipeline, StateError, StaticMixture, merge_states
 from zephon_core.checkpoint.state import checksum_of, fingerprint_of
@@ -515,7 +515,7 @@ def test_elastic_contract_property(scenario):
 
 def test_execution_options_do_not_change_the_data_definition():
     ws = StaticMixture([MemorySource([f"text {i}" for i in range(40)], name="t")], chunk_size=4)
-    from core_fixtures import CharTokenizer
+    from support.core_fixtures import CharTokenizer
 
     def build(par, runner, **opts):
         return Pipeline(ws).tokenize(CharTokenizer(), parallelism=par, runner=runner).pack(8).batch(2).options(**opts)

@@ -4,19 +4,15 @@ the same documents as from local disk whatever the store does, retries bounded, 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from core_fixtures import CharTokenizer, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
+from support.cli import zephon
+from support.core_fixtures import CharTokenizer, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
+from support.s3_proxy import S3Proxy, every
 
 from zephon_core import DataError, JsonlSource, Pipeline, StaticMixture
 from zephon_core.sources.files import Access
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from s3_proxy import S3Proxy, every  # noqa: E402
 
 # Our retries are what is under test: the store client gets one attempt per request.
 NO_CLIENT_RETRIES = {"config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}}}
@@ -106,8 +102,7 @@ def test_a_local_copy_and_a_compressed_shard_on_s3_read_through_the_shard_cache(
 
 def index(ep, url: str, *extra: str) -> subprocess.CompletedProcess:
     so = json.dumps(ep.storage_options)
-    return subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", "index", url, "--storage-options", so, *extra],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    return zephon("index", url, "--storage-options", so, *extra, timeout=300)
 
 
 def test_a_manifest_on_s3_is_the_one_request_at_start_up_and_every_read_checks_its_version(s3_endpoint):

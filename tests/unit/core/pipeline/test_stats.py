@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from property_strategies import CANONICAL_REPLICAS, divisors, recipes
+from support.property_strategies import CANONICAL_REPLICAS, divisors, recipes
 
 from zephon_core import DataError, MemorySource, Pipeline, Stage, StagedMixture, StateError, StaticMixture
 from zephon_core.checkpoint.state import checksum_of, parse_lanes

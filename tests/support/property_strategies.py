@@ -1,8 +1,9 @@
-"""Hypothesis strategies and helpers for ``test_properties.py``.
+"""Hypothesis strategies and helpers for the property tests.
 
 Everything a process pool may have to pickle (the map and tokenize functions)
 lives here at module level, in a module that is importable by name from the
-worker processes (pytest puts ``tests/unit`` on ``sys.path``).
+worker processes (``support.property_strategies``: pytest puts ``tests/`` on the path,
+and a spawned worker starts with its parent's path).
 """
 
 from __future__ import annotations

@@ -29,21 +29,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from collections import Counter
 from typing import Any
 
+import numpy as np  # noqa: E402
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-
-# The helpers module must be importable by name, also from process-pool workers.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-import numpy as np  # noqa: E402
-from property_strategies import (  # noqa: E402
+from support.property_strategies import (  # noqa: E402
     CANONICAL_REPLICAS,
     CountingMemorySource,
     Recipe,

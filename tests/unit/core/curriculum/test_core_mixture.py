@@ -7,9 +7,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from core_fixtures import mixture, token_source
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.core_fixtures import mixture, token_source
 
 from zephon_core import ConfigError, MemorySource, StaticMixture
 from zephon_core.curriculum.mixture import largest_remainder
