@@ -168,8 +168,10 @@ def test_zephon_index_writes_a_manifest_that_start_up_uses_without_opening_a_sha
     assert main(["index", str(tmp_path / "d"), "--format", "webdataset"]) == 0
     assert "4 files, 9 documents" in capsys.readouterr().out
     assert (tmp_path / "d" / manifest.MANIFEST).exists() and len(list((tmp_path / "d" / manifest.INDEX_DIR).glob("*.npz"))) == 4
-    for p in (zephon_cache_dir / "shards").glob("*.bin"):
-        p.unlink()  # the decompressed copies `zephon index` made: a fresh node has none
+    copies = list((zephon_cache_dir / "shards").glob("*.bin"))
+    assert len(copies) == 3, "zephon index decompressed the .tar.gz shards into the shard cache"
+    for p in copies:
+        p.unlink()  # a fresh node has none
     opened: list[str] = []
     original = WebDatasetFile.__init__
     monkeypatch.setattr(WebDatasetFile, "__init__", lambda self, *a, **k: opened.append(a[0]) or original(self, *a, **k))
@@ -289,3 +291,18 @@ def test_a_bad_sample_in_a_many_shard_source_names_its_shard_and_never_is_skippe
 
         (tmp_path / "r.toml").write_text('[[sources]]\npath = "d"\nformat = "webdataset"\ntext_field = "."\n')
         load_recipe(tmp_path / "r.toml")
+
+
+def test_text_read_by_an_index_built_elsewhere_is_still_checked_and_named(tmp_path):
+    import numpy as np
+
+    with wds.TarWriter(str(tmp_path / "s.tar")) as w:
+        w.write({"__key__": "a", "txt": "ok", "bin": b"\xffa"})
+        w.write({"__key__": "b", "txt": "fine", "bin": b"\xfeb"})
+    bins = [m for m in tarfile.open(tmp_path / "s.tar").getmembers() if m.name.endswith(".bin")]
+    index = {"starts": np.array([m.offset_data for m in bins], dtype=np.int64), "lengths": np.array([m.size for m in bins], dtype=np.int64)}
+    wrong = WebDatasetFile(str(tmp_path / "s.tar"), index=index)  # as a manifest of other bytes would say
+    with pytest.raises(DataError, match=r"s\.tar: sample 'b': member \.txt is not valid UTF-8 \(byte 0 of it\)"):
+        wrong.read([1])
+    index["starts"][1] += 1  # not block-aligned: not this tar's index, so the tar is walked again
+    assert WebDatasetFile(str(tmp_path / "s.tar"), index=index).read([1, 0]) == ["fine", "ok"]
