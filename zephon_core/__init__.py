@@ -14,7 +14,7 @@ from zephon_core.errors import AggregationError, ConfigError, DataError, StateEr
 from zephon_core.lane.assignment import owned_lanes
 from zephon_core.lane.docops import token_counter
 from zephon_core.pipeline import Pipeline
-from zephon_core.sources import JsonlSource, MegatronIndexedSource, MemorySource, ParquetSource, Source, TokenArraySource
+from zephon_core.sources import JsonlSource, MegatronIndexedSource, MemorySource, ParquetSource, Source, TokenArraySource, WebDatasetSource
 
 __version__ = "0.1.0"
 
@@ -36,6 +36,7 @@ __all__ = [
     "StateError",
     "StaticMixture",
     "TokenArraySource",
+    "WebDatasetSource",
     "WorkSource",
     "ZephonError",
     "diff_definitions",

@@ -6,6 +6,7 @@ from zephon_core.sources.memory import MemorySource
 from zephon_core.sources.parquet import ParquetSource
 from zephon_core.sources.registry import FileSource, SourceArgs, register_format
 from zephon_core.sources.tokens import MegatronIndexedSource, TokenArraySource
+from zephon_core.sources.webdataset import WebDatasetSource
 
 __all__ = ["Source", "FileSource", "SourceArgs", "register_format", "JsonlSource", "MemorySource", "ParquetSource",
-           "TokenArraySource", "MegatronIndexedSource"]
+           "TokenArraySource", "MegatronIndexedSource", "WebDatasetSource"]

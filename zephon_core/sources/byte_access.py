@@ -19,15 +19,18 @@ import bz2
 import gzip
 import io
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import fsspec
 
 from zephon_core.errors import DataError
-from zephon_core.sources.base import is_local
+from zephon_core.sources.base import content_fingerprint, is_local, sample_digest
 from zephon_core.sources.files import Access, FileStat
 from zephon_core.sources.remote import LocalBytes, RemoteBytes, ScanStream, Version, fetch_object, fetch_range
 from zephon_core.sources.shard_cache import ShardCache
+
+if TYPE_CHECKING:
+    from zephon_core.sources.manifest import ShardMeta
 
 ByteReader = LocalBytes | RemoteBytes
 
@@ -97,6 +100,21 @@ def small_object(fs: fsspec.AbstractFileSystem, fspath: str, stat: FileStat | No
     if stat is None or is_local(fs) or compression_of(fspath) or access.local_copy or stat.size > SMALL_OBJECT_BYTES:
         return None
     return fetch_range(fs, fspath, 0, stat.size, access.attempts, Version(stat.size, stat.etag) if stat.etag else None)
+
+
+def file_sample(fs: fsspec.AbstractFileSystem, fspath: str, stat: FileStat | None, access: Access,
+                known: ShardMeta | None = None) -> tuple[dict[str, Any], bytes | None]:
+    """A file's fingerprint sample (``size``, ``sample_blake2b``) and, for a small object on a store, its whole bytes.
+
+    ``known`` (its manifest entry) answers without a request; a small object is fetched whole in one
+    request (``small_object``), and the format indexes it from those bytes; otherwise its ends are sampled.
+    """
+    if known is not None:
+        return {"size": known.size, "sample_blake2b": known.sample_blake2b}, None
+    whole = small_object(fs, fspath, stat, access)
+    if whole is not None:
+        return {"size": len(whole), "sample_blake2b": sample_digest(whole)}, whole
+    return content_fingerprint(fs, fspath), None
 
 
 def open_bytes(fs: fsspec.AbstractFileSystem, fspath: str, size: int, sample_blake2b: str, access: Access,

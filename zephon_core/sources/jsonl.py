@@ -15,8 +15,8 @@ import numpy as np
 
 from zephon_core.errors import DataError
 from zephon_core.sources import index_cache, manifest
-from zephon_core.sources.base import Source, content_fingerprint, default_name, open_fs, sample_digest
-from zephon_core.sources.byte_access import ByteReader, compression_of, open_bytes, small_object
+from zephon_core.sources.base import Source, default_name, open_fs
+from zephon_core.sources.byte_access import ByteReader, compression_of, file_sample, open_bytes
 from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
 from zephon_core.sources.registry import SourceArgs, register_format
@@ -45,22 +45,13 @@ class JsonlFile(Source):
         self.text_field = text_field
         self.name = name or default_name(self.path)
         self._fs, self._fspath = open_fs(self.path, storage_options)
-        whole = self._small_object(stat, access) if known is None else None
-        if known is not None:
-            sample = {"size": known.size, "sample_blake2b": known.sample_blake2b}
-        elif whole is not None:
-            sample = {"size": len(whole), "sample_blake2b": sample_digest(whole)}
-        else:
-            sample = content_fingerprint(self._fs, self._fspath)
+        sample, whole = file_sample(self._fs, self._fspath, stat, access, known)
         self._fingerprint: dict[str, Any] = {"kind": JsonlSource.kind, "text_field": text_field, **sample}
         self._bytes = self._byte_reader(access, stat)
         arrays = self._index(access, index, stat, whole)
         self._starts, self._lengths, self._lines = arrays["starts"], arrays["lengths"], arrays["lines"]
         if not allow_empty:
             self._require_nonempty(self.path)
-
-    def _small_object(self, stat: FileStat | None, access: Access) -> bytes | None:
-        return small_object(self._fs, self._fspath, stat, access)
 
     def _byte_reader(self, access: Access, stat: FileStat | None) -> ByteReader:
         return open_bytes(self._fs, self._fspath, int(self._fingerprint["size"]), self._fingerprint["sample_blake2b"], access, stat,
