@@ -2,8 +2,9 @@
 
 Per version: dp=2 reference (6 steps, checkpoints every 2; Zephon's figures in
 TorchTitan's TensorBoard), its resume from step 4, a dp=4 reference, elastic
-resumes 4 -> 2 and 2 -> 4, FSDP 2 x TP 2, and a misconfiguration that must stop
-before the first step.
+resumes 4 -> 2 and 2 -> 4, FSDP 2 x TP 2 on best-fit rows (on 0.3 with llama3's
+block-causal flex attention, which cuts each row at the positions Zephon restarts),
+and a misconfiguration that must stop before the first step.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections import Counter
 
 import pytest
 from support.tensorboard_events import scalars
-from tt_runs import GLOBAL_BATCH, LOCAL_BATCH, launch, steps_of
+from tt_runs import GLOBAL_BATCH, LOCAL_BATCH, SEQ_LEN, best_fit_recipe, launch, steps_of
 
 from zephon_core.tools.audit import read_batch_log
 
@@ -44,7 +45,8 @@ def runs(request, tmp_path_factory):
             get("ref2")
             r = launch(version, 4, root / name, resume_from=root / "ref2" / "checkpoint" / "step-4")
         elif name == "tp":
-            r = launch(version, 4, root / name, steps=2, extra=["--parallelism.tensor_parallel_degree", "2"])
+            r = launch(version, 4, root / name, steps=2, extra=["--parallelism.tensor_parallel_degree", "2"],
+                       loader={"recipe": str(best_fit_recipe(root))})
         else:
             raise KeyError(name)
         cache[name] = (r, root / name)
@@ -118,6 +120,9 @@ def test_tensor_parallel_peers_receive_identical_batches(runs):
     assert logs[0] == logs[1] and logs[2] == logs[3], "TP peers (ranks 0/1, 2/3) must get the same batches"
     assert set(logs[0]).isdisjoint(logs[2]), "the two data-parallel groups must own different lanes"
     assert sorted(r.losses) == [1, 2]
+    # Best-fit rows keep documents whole and pad the rest: batches hold fewer tokens than concat's full rows.
+    tokens = [sum(b.tokens.values()) for f in d.glob("batches-rank*.log") for b in read_batch_log(f)]
+    assert tokens and max(tokens) <= LOCAL_BATCH * (SEQ_LEN + 1) and min(tokens) < LOCAL_BATCH * (SEQ_LEN + 1)
 
 
 def test_misconfigured_canonical_replicas_fails_before_the_first_step(runs, tmp_path):

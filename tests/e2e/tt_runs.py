@@ -53,6 +53,18 @@ def launch(version: str, nproc: int, dump: Path, *, steps: int = 6, extra: list[
     return harness.run_torchtitan(version, nproc, [*args, *extra], dump, env=env, cpu_defaults=False, timeout=timeout, check=check)
 
 
+def best_fit_recipe(folder: Path) -> Path:
+    """``RECIPE`` packed ``best_fit`` (whole documents per row, padded; longer ones split), written into ``folder``.
+
+    Fit windows of 4 documents: a window places its longest pieces first, so with the corpus' long documents a
+    large window would open a short run with nothing but full-row pieces; with 4 the first batches already hold
+    padded rows of whole documents."""
+    text = RECIPE.read_text().replace('"../corpus/', f'"{ASSETS}/')
+    out = folder / "tt_train_best_fit.toml"
+    out.write_text(text.replace("canonical_replicas = 4", 'canonical_replicas = 4\npack_mode = "best_fit"\npack_window = 4'))
+    return out
+
+
 def batch_log(dump: Path) -> dict[int, dict[tuple[int, int], str]]:
     """Per rank: (lane, lane_index) -> digest of every batch that rank delivered."""
     out: dict[int, dict[tuple[int, int], str]] = {}

@@ -320,7 +320,11 @@ def apply() -> None:
     _MODE = _CudaToCpuMode()
     _MODE.__enter__()  # stays active for the life of the process
     _patch_megatron()
-    import cp_attention  # next to this file (the folder of cpu_entry.py, the script run, is on the path)
+    import importlib.util
 
+    # Next to this file, loaded from it: the shim is imported by path from unit tests too.
+    spec = importlib.util.spec_from_file_location("zephon_megatron_cpu_cp_attention", os.path.join(os.path.dirname(__file__), "cp_attention.py"))
+    cp_attention = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cp_attention)  # type: ignore[union-attr]
     cp_attention.install()
     _APPLIED = True
