@@ -6,7 +6,7 @@
 3. every global step's batches are compared with Zephon's own plan for an
    uninterrupted run, and the losses are shown across the resize.
 
-CPU-only TorchTitan needs the test launcher in tests/e2e/torchtitan_cpu.
+CPU-only TorchTitan needs the CPU launcher in scripts/torchtitan_cpu (which the e2e tests use too).
 """
 
 from __future__ import annotations
@@ -16,10 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-
-from tt_runs import ASSETS, GLOBAL_BATCH, LOCAL_BATCH, RECIPE, SEQ_LEN, launch, steps_of  # noqa: E402
+from torchtitan_cpu.runs import ASSETS, GLOBAL_BATCH, LOCAL_BATCH, RECIPE, SEQ_LEN, launch, steps_of  # next to this script
 
 
 def planned_steps(steps: int) -> dict[int, dict[tuple[int, int], str]]:

@@ -17,12 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from zephon_core.recipe import load_recipe
+from zephon_core.tools.audit import log_line
+from zephon_core.tools.cli import main
 
-from zephon_core.recipe import load_recipe  # noqa: E402
-from zephon_core.tools.audit import log_line  # noqa: E402
-from zephon_core.tools.cli import main  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 from zephon_core.tools.shape import Shape, build  # noqa: E402
 from zephon_core.tools.simulate import Phase, run_phase  # noqa: E402
 

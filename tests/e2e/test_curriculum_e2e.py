@@ -104,7 +104,7 @@ def check_runs(staged: dict, appended: dict, want_staged: dict, want_full: dict)
 # -- TorchTitan -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def torchtitan_runs(recipes, tmp_path_factory):
-    from tt_runs import launch
+    from torchtitan_cpu.runs import launch
 
     root = tmp_path_factory.mktemp("tt-curriculum")
     a = launch("0.3", 2, root / "staged", steps=STEPS, loader={"recipe": str(recipes["staged"])})
@@ -114,7 +114,7 @@ def torchtitan_runs(recipes, tmp_path_factory):
 
 
 def test_torchtitan_trains_through_a_stage_change_and_resumes_into_an_appended_stage(torchtitan_runs, recipes):
-    from tt_runs import LOCAL_BATCH, SEQ_LEN, steps_of
+    from torchtitan_cpu.runs import LOCAL_BATCH, SEQ_LEN, steps_of
 
     (a, dir_a), (b, dir_b) = torchtitan_runs
     assert sorted(a.losses) == list(range(1, STEPS + 1))

@@ -2,7 +2,7 @@
 
 Each launch takes its command from the docs (``doc_commands``), so a doc that changes
 changes what runs here. Where the docs assume GPUs, the command goes through the
-documented CPU launchers (``tests/e2e/torchtitan_cpu/launch.py``, the Megatron
+documented CPU launchers (``scripts/torchtitan_cpu/launch.py``, the Megatron
 ``cpu_entry.py`` shim) with only what they document as different on a CPU.
 Each run also checks that ``zephon trace`` on the training recipe prints exactly
 the batches the run logged (``ZEPHON_BATCH_LOG``), and ``zephon inspect`` reads its

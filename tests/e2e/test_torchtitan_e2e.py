@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 from support.tensorboard_events import scalars
-from tt_runs import GLOBAL_BATCH, LOCAL_BATCH, SEQ_LEN, best_fit_recipe, launch, steps_of
+from torchtitan_cpu.runs import GLOBAL_BATCH, LOCAL_BATCH, SEQ_LEN, best_fit_recipe, launch, steps_of
 
 from zephon_core.tools.audit import read_batch_log
 
@@ -112,7 +112,7 @@ def test_elastic_resume_keeps_every_step(runs, name, ref):
 
 
 def test_tensor_parallel_peers_receive_identical_batches(runs):
-    from tt_runs import batch_log
+    from torchtitan_cpu.runs import batch_log
 
     r, d = runs("tp")
     logs = batch_log(d)
@@ -139,7 +139,7 @@ def test_recipe_module_trainer_hands_the_loader_the_batch_sizes(runs, tmp_path):
     any Zephon option for it."""
     if runs.version != "0.3":
         pytest.skip("the recipe module is TorchTitan 0.3's")
-    from tt_runs import ASSETS, ROOT, harness
+    from torchtitan_cpu.runs import ASSETS, ROOT, harness
 
     dump = tmp_path / "module"
     args = ["--module", "zephon_torchtitan", "--config", "llama3_debugmodel_zephon", "--hf_assets_path", str(ASSETS),

@@ -1,6 +1,6 @@
 """Test-only launcher: run TorchTitan's own trainer on CPU (gloo), under torchrun.
 
-    torchrun --standalone --nproc-per-node 2 tests/e2e/torchtitan_cpu/launch.py <trainer args>
+    torchrun --standalone --nproc-per-node 2 scripts/torchtitan_cpu/launch.py <trainer args>
 
 ``<trainer args>`` are passed untouched to TorchTitan's ``ConfigManager``:
 ``--module llama3 --config llama3_debugmodel ...`` for 0.3.x, or

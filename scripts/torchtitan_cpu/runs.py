@@ -1,4 +1,4 @@
-"""Zephon-on-TorchTitan launches shared by the e2e tests and the demo."""
+"""Zephon-on-TorchTitan launches shared by the demo and the e2e tests."""
 
 from __future__ import annotations
 
@@ -7,11 +7,8 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
-from harnesses import load
-
+from torchtitan_cpu import harness
 from zephon_core.tools.audit import read_batch_log
-
-harness = load("torchtitan")
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "data" / "tt_train.toml"

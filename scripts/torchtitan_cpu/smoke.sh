@@ -3,10 +3,10 @@
 #   (a) 0.3.0, 2 procs FSDP: 4 steps with checkpoints every 2, then resume to 6
 #   (b) 0.2.2 (job TOML), same
 #   (c) 0.3.0, 4 procs FSDP 2 x TP 2, 2 steps
-# Usage: bash tests/e2e/torchtitan_cpu/smoke.sh [OUT_DIR]   (~4-8 min on 2 cores)
+# Usage: bash scripts/torchtitan_cpu/smoke.sh [OUT_DIR]   (~4-8 min on 2 cores)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-source "$here/../../../scripts/env.sh"
+source "$here/../env.sh"
 out="${1:-$(mktemp -d -t zephon-tt-smoke.XXXXXX)}"
 H=(timeout 1200 "$ZEPHON_PY" "$here/harness.py" --assets-dir "$out/assets" --timeout 900)
 ck=(--checkpoint.enable --checkpoint.interval 2 --lr_scheduler.total_steps 6)
