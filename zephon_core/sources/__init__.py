@@ -2,10 +2,11 @@
 
 from zephon_core.sources.base import Source
 from zephon_core.sources.jsonl import JsonlSource
+from zephon_core.sources.mds import MdsSource, MdsTokensSource
 from zephon_core.sources.memory import MemorySource
 from zephon_core.sources.parquet import ParquetSource
 from zephon_core.sources.registry import FileSource, SourceArgs, register_format
 from zephon_core.sources.tokens import MegatronIndexedSource, TokenArraySource
 
 __all__ = ["Source", "FileSource", "SourceArgs", "register_format", "JsonlSource", "MemorySource", "ParquetSource",
-           "TokenArraySource", "MegatronIndexedSource"]
+           "TokenArraySource", "MegatronIndexedSource", "MdsSource", "MdsTokensSource"]
