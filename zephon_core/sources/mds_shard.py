@@ -142,6 +142,30 @@ class MdsShard(Source):
         """Bytes of every sample (all its columns, as stored)."""
         return np.diff(self._offsets)
 
+    def token_lengths(self) -> np.ndarray | None:
+        """Every sample's token count from its offsets alone, where the layout tells it: a fixed-shape column, or the
+        only variable-size column with its dtype in the encoding (its shape header's width follows from the count,
+        as ``MDSWriter`` picks the narrowest). None for other layouts (counting would read every sample)."""
+        col = self.spec.column
+        if col.text or col.dtype is None:
+            return None
+        item = np.dtype(col.dtype).itemsize
+        size = col.sizes[col.position]
+        if size is not None:
+            return np.full(len(self), size // item, dtype=np.int64)
+        if [k for k, s in enumerate(col.sizes) if s is None] != [col.position]:
+            return None
+        rest = np.diff(self._offsets) - 4 - sum(s for s in col.sizes if s is not None) - 1  # the size, fixed columns, ndim byte
+        counts = np.full(len(self), -1, dtype=np.int64)
+        for w, low, high in ((1, 1, 1 << 8), (2, 1 << 8, 1 << 16), (4, 1 << 16, 1 << 32), (8, 1 << 32, 1 << 62)):
+            n = (rest - w) // item
+            fits = ((rest - w) % item == 0) & (n >= low) & (n < high)
+            counts[fits] = n[fits]
+        bad = counts < 0
+        if bad.any():
+            raise DataError(f"{self.where}: sample {int(np.argmax(bad))}: its length fits no array of {col.dtype}: the shard is corrupt")
+        return counts
+
     def read(self, indices: Sequence[int]) -> list[Any]:
         idx = np.asarray(indices, dtype=np.int64)
         if self.spec.column.text:

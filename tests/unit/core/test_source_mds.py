@@ -201,6 +201,21 @@ def q_src_starts(folder: Path) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)])
 
 
+def test_token_counts_come_from_the_offsets_where_the_layout_tells_them(tmp_path):
+    from zephon_core.recipe import load_recipe
+
+    lengths = [len(d) for d in token_docs(300, lo=1, hi=700)]  # shape headers of 1 and 2 bytes
+    samples = [{"tokens": np.arange(n, dtype=np.int32), "id": d, "fixed": np.zeros(3, np.uint16)} for d, n in enumerate(lengths)]
+    folder = write_mds(tmp_path / "ds", samples, columns={"tokens": "ndarray:int32", "id": "int", "fixed": "ndarray:uint16:3"}, size_limit=20_000)
+    assert MdsTokensSource(str(folder)).token_lengths().tolist() == lengths
+    assert MdsTokensSource(str(folder), "fixed").token_lengths().tolist() == [3] * 300
+    mixed = write_mds(tmp_path / "mixed", rows(20))  # other variable-size columns: counting would read every sample
+    assert MdsTokensSource(str(mixed)).token_lengths() is None and MdsSource(str(mixed)).token_lengths() is None
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('weight_by = "tokens"\n[[sources]]\npath = "ds"\nformat = "mds_tokens"\ntext_field = "tokens"\nname = "a"\n')
+    assert next(iter(load_recipe(recipe).build(seq_len=8, batch_size=2))).input_ids.shape == (2, 8)
+
+
 def test_recipes_read_mds_as_text_and_mds_tokens_as_tokens(tmp_path):
     from zephon_core.recipe import load_recipe
     from zephon_core.tools.cli import main
@@ -338,6 +353,12 @@ def test_a_sample_whose_column_sizes_are_corrupt_is_refused_naming_it(tmp_path):
         src.read([2, 4])
     assert one_line(e) == f"{path} (shard 0 of {folder / 'index.json'}): sample 4: its column sizes do not add up to its length: the shard is corrupt"
     assert n > 4
+    at = int(np.frombuffer(bytes(data[4 + 4 * 2 : 4 + 4 * 3]), np.uint32)[0])  # sample 2: two sizes, then its text
+    data[at + 8] = 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError) as e:
+        MdsSource(str(folder)).read([2])
+    assert one_line(e).endswith("(shard 0 of " + str(folder / "index.json") + "): sample 2: column 'text' is not valid UTF-8 (byte 0)")
 
 
 def test_a_corrupt_compressed_shard_and_a_hash_mismatch_are_named(tmp_path):

@@ -19,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from s3_proxy import S3Proxy, every, through  # noqa: E402
 
 
-
 def upload(ep, prefix: str, shards: list[list[str]], suffix: str = ".jsonl") -> list[str]:
     fs = ep.filesystem()
     texts = []
