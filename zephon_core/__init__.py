@@ -14,7 +14,7 @@ from zephon_core.errors import AggregationError, ConfigError, DataError, StateEr
 from zephon_core.lane.assignment import owned_lanes
 from zephon_core.lane.docops import token_counter
 from zephon_core.pipeline import Pipeline
-from zephon_core.sources import JsonlSource, MegatronIndexedSource, MemorySource, ParquetSource, Source, TokenArraySource, WebDatasetSource
+from zephon_core.sources import JsonlSource, MdsSource, MdsTokensSource, MegatronIndexedSource, MemorySource, ParquetSource, Source, TokenArraySource, WebDatasetSource
 
 __version__ = "0.1.0"
 
@@ -25,6 +25,8 @@ __all__ = [
     "Cursor",
     "DataError",
     "JsonlSource",
+    "MdsSource",
+    "MdsTokensSource",
     "MegatronIndexedSource",
     "MemorySource",
     "ParquetSource",

@@ -146,6 +146,18 @@ class S3Proxy:
         return Handler
 
 
+# Our retries are what a test puts under faults: the store client gets one attempt per request.
+NO_CLIENT_RETRIES = {"config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}}}
+
+
+def through(proxy: S3Proxy, ep: S3Endpoint) -> dict[str, Any]:
+    """Storage options for ``ep``'s bucket by way of ``proxy``, with no client retries and a filesystem of their own."""
+    so = proxy.endpoint(ep.bucket).storage_options
+    so.update(NO_CLIENT_RETRIES)
+    so["skip_instance_cache"] = True
+    return so
+
+
 def every(k: int, fault: str, method: str = "GET") -> Plan:
     """A plan failing every k-th request of ``method`` (the 1st, the (k+1)-th, ...) with ``fault``."""
     seen = Counter[str]()

@@ -2,6 +2,7 @@
 
 from zephon_core.sources.base import Source
 from zephon_core.sources.jsonl import JsonlSource
+from zephon_core.sources.mds import MdsSource, MdsTokensSource
 from zephon_core.sources.memory import MemorySource
 from zephon_core.sources.parquet import ParquetSource
 from zephon_core.sources.registry import FileSource, SourceArgs, register_format
@@ -9,4 +10,4 @@ from zephon_core.sources.tokens import MegatronIndexedSource, TokenArraySource
 from zephon_core.sources.webdataset import WebDatasetSource
 
 __all__ = ["Source", "FileSource", "SourceArgs", "register_format", "JsonlSource", "MemorySource", "ParquetSource",
-           "TokenArraySource", "MegatronIndexedSource", "WebDatasetSource"]
+           "TokenArraySource", "MegatronIndexedSource", "WebDatasetSource", "MdsSource", "MdsTokensSource"]

@@ -8,9 +8,10 @@ A format never opens a file another way, so every format gets the same retries,
 version checks, caches and counters, and adding one needs no I/O code of its own.
 
 Compression is named by a file's last suffix (``COMPRESSIONS``): a gzip, zstd,
-bzip2 or brotli stream cannot be entered in the middle, so it is decompressed
+bzip2, brotli or snappy stream cannot be entered in the middle, so it is decompressed
 whole, once per node; one pass per shard per node costs less than any index of
-restart points read by thousands of ranks.
+restart points read by thousands of ranks. A format that knows what the whole content
+must be (its size, a hash) checks each entry once, as it is made (``Verifier``).
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ import bz2
 import gzip
 import io
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import fsspec
 
 from zephon_core.errors import DataError
 from zephon_core.sources.base import content_fingerprint, is_local, sample_digest
 from zephon_core.sources.files import Access, FileStat
-from zephon_core.sources.remote import LocalBytes, RemoteBytes, ScanStream, Version, fetch_object, fetch_range
+from zephon_core.sources.remote import LocalBytes, RemoteBytes, ScanStream, Version, fetch_object, fetch_range, fetch_whole
 from zephon_core.sources.shard_cache import ShardCache
 
 if TYPE_CHECKING:
@@ -69,6 +70,14 @@ def _unbrotli(src: IO[bytes], dst: IO[bytes]) -> None:
     dst.write(brotli.decompress(src.read()))  # brotli's Python binding has no stream reader of a file
 
 
+def _unsnappy(src: IO[bytes], dst: IO[bytes]) -> None:
+    try:
+        import snappy  # type: ignore[import-untyped]
+    except ImportError:
+        raise DataError("reading snappy-compressed files needs the python-snappy package: pip install python-snappy") from None
+    dst.write(snappy.decompress(src.read()))  # one raw snappy block (python-snappy's compress), not the framed format
+
+
 #: A file suffix and the compression it names, with the function that decompresses such a stream.
 COMPRESSIONS: dict[str, tuple[str, Callable[[IO[bytes], IO[bytes]], None]]] = {
     ".gz": ("gzip", _gunzip),
@@ -76,6 +85,7 @@ COMPRESSIONS: dict[str, tuple[str, Callable[[IO[bytes], IO[bytes]], None]]] = {
     ".zstd": ("zstd", _unzstd),
     ".bz2": ("bzip2", _bunzip),
     ".br": ("brotli", _unbrotli),
+    ".snappy": ("snappy", _unsnappy),
 }
 
 
@@ -89,6 +99,36 @@ def compression_of(path: str) -> str | None:
 
 def _decompressor(name: str) -> Callable[[IO[bytes], IO[bytes]], None]:
     return next(fn for kind, fn in COMPRESSIONS.values() if kind == name)
+
+
+class Verifier(Protocol):
+    """What a format checks of a file's whole content as the shard cache makes its entry: fed every byte."""
+
+    def update(self, data: bytes) -> None: ...
+
+    def finish(self) -> None:
+        """A ``DataError`` when the content is not what the format expected (the entry is then not kept)."""
+
+
+class _Fed(io.RawIOBase):
+    """A binary file that also feeds what is written to it to a ``Verifier``."""
+
+    def __init__(self, out: IO[bytes], verifier: Verifier) -> None:
+        super().__init__()
+        self._out, self._verifier = out, verifier
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._verifier.update(bytes(data))
+        return self._out.write(data)
+
+
+def whole_object(fs: fsspec.AbstractFileSystem, fspath: str, access: Access) -> bytes:
+    """A small file whose size is not known yet (a dataset's own index), whole: on a store, one verified,
+    retried request. ``FileNotFoundError`` when there is none."""
+    return bytes(fs.cat_file(fspath)) if is_local(fs) else fetch_whole(fs, fspath, access.attempts)
 
 
 def small_object(fs: fsspec.AbstractFileSystem, fspath: str, stat: FileStat | None, access: Access) -> bytes | None:
@@ -118,13 +158,15 @@ def file_sample(fs: fsspec.AbstractFileSystem, fspath: str, stat: FileStat | Non
 
 
 def open_bytes(fs: fsspec.AbstractFileSystem, fspath: str, size: int, sample_blake2b: str, access: Access,
-               stat: FileStat | None = None, compression: str | None = None) -> ByteReader:
+               stat: FileStat | None = None, compression: str | None = None,
+               verify: Callable[[], Verifier] | None = None) -> ByteReader:
     """The bytes of the file ``fspath`` of ``fs`` (``size`` bytes, as stored), decompressed where ``compression`` says.
 
     ``sample_blake2b`` (the file's fingerprint sample) keys its shard-cache entry, so an edited
     file never reads a stale copy; ``stat`` (from a listing or a manifest) lets every read on an
     object store check that it is served the version the source recorded. A stream that does
-    not decompress is a ``DataError`` naming the file and the compression.
+    not decompress is a ``DataError`` naming the file and the compression. ``verify`` makes a
+    ``Verifier`` that checks an entry's whole (decompressed or copied) content once, as it is made.
     """
     if is_local(fs) and compression is None:
         return LocalBytes(fspath)
@@ -138,7 +180,14 @@ def open_bytes(fs: fsspec.AbstractFileSystem, fspath: str, size: int, sample_bla
     url = fs.unstrip_protocol(fspath)
     key = f"{compression or 'copy'}\x1f{url}\x1f{sample_blake2b}\x1f{size}"
 
-    def make(out: IO[bytes]) -> None:
+    def make(into: IO[bytes]) -> None:
+        verifier = verify() if verify is not None else None
+        out: Any = into if verifier is None else _Fed(into, verifier)
+        _make(out)
+        if verifier is not None:
+            verifier.finish()
+
+    def _make(out: IO[bytes]) -> None:
         if compression is None:
             fetch_object(stored, out)
             return
@@ -147,6 +196,8 @@ def open_bytes(fs: fsspec.AbstractFileSystem, fspath: str, size: int, sample_bla
             _decompressor(compression)(io.BufferedReader(ScanStream(stored)), out)
         except DataError:
             raise
+        except FileNotFoundError:
+            raise DataError(f"{url}: no such file") from None
         except Exception as e:  # gzip: OSError/EOFError, zstandard: ZstdError, brotli: brotli.error
             raise DataError(f"{url}: cannot decompress ({compression}): {type(e).__name__}: {e}") from None
 

@@ -67,23 +67,28 @@ def serves_versions(fs: fsspec.AbstractFileSystem) -> bool:
     return "s3" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)) and hasattr(fs, "_call_s3")
 
 
-async def _s3_get(fs: Any, path: str, start: int, end: int) -> tuple[bytes, Version | None]:
+async def _s3_get(fs: Any, path: str, start: int, end: int | None) -> tuple[bytes, Version | None, int]:
     bucket, key, version_id = fs.split_path(path)
     extra = {"VersionId": version_id} if version_id else {}
-    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra, **fs.req_kw)
+    if end is not None:
+        extra["Range"] = f"bytes={start}-{end - 1}"
+    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **extra, **fs.req_kw)
     try:
         data = await resp["Body"].read()
     finally:
         resp["Body"].close()
     etag, whole = str(resp.get("ETag") or "").strip('"'), str(resp.get("ContentRange") or "").rpartition("/")[2]
     # A store that leaves out Content-Range (a whole-object reply) still names the version by its ETag.
-    return data, Version(int(whole) if whole.isdigit() else -1, etag) if etag else None
+    served = Version(int(whole) if whole.isdigit() else -1, etag) if etag else None
+    return data, served, end - start if end is not None else int(resp.get("ContentLength", len(data)))
 
 
-def _get(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int) -> tuple[bytes, Version | None]:
+def _get(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int | None) -> tuple[bytes, Version | None, int]:
+    """The bytes ``start..end-1`` (``end`` None: the whole object), the version served and the length the store promised."""
     if serves_versions(fs):
         return fsspec.asyn.sync(fs.loop, _s3_get, fs, path, start, end)
-    return fs.cat_file(path, start=start, end=end), None
+    data = fs.cat_file(path, start=start, end=end) if end is not None else fs.cat_file(path)
+    return data, None, end - start if end is not None else len(data)
 
 
 def fetch_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, attempts: int = DEFAULT_ATTEMPTS,
@@ -92,6 +97,16 @@ def fetch_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, 
     or at once when the object is gone or is no longer the version ``expect``."""
     if end <= start:
         return b""
+    return _retried(fs, path, start, end, attempts, expect)
+
+
+def fetch_whole(fs: fsspec.AbstractFileSystem, path: str, attempts: int = DEFAULT_ATTEMPTS) -> bytes:
+    """A whole object whose size is not known beforehand, in one GET, verified against the length the
+    store promised and retried as ``fetch_range``; ``FileNotFoundError`` when there is no such object."""
+    return _retried(fs, path, 0, None, attempts, None)
+
+
+def _retried(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int | None, attempts: int, expect: Version | None) -> bytes:
     last: BaseException | None = None
     url = fs.unstrip_protocol(path)
     for attempt in range(attempts):
@@ -99,7 +114,7 @@ def fetch_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, 
             COUNTERS.add("store_retries")
         COUNTERS.add("store_requests")
         try:
-            data, served = _get(fs, path, start, end)
+            data, served, promised = _get(fs, path, start, end)
         except FileNotFoundError:
             if expect is None:
                 raise
@@ -112,12 +127,13 @@ def fetch_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, 
         else:
             check_version(url, expect, served)
             COUNTERS.add("store_bytes", len(data))
-            if len(data) == end - start:
+            if len(data) == promised:
                 return bytes(data)
-            last = ShortRead(f"{len(data)} of {end - start} bytes")
+            last = ShortRead(f"{len(data)} of {promised} bytes")
         if attempt + 1 < attempts:
             time.sleep(_BACKOFF_S * (2**attempt))
-    raise DataError(f"{url}: bytes {start}-{end - 1}: failed after {attempts} attempt(s): {type(last).__name__}: {last}")
+    what = f"bytes {start}-{end - 1}" if end is not None else "the whole object"
+    raise DataError(f"{url}: {what}: failed after {attempts} attempt(s): {type(last).__name__}: {last}")
 
 
 class LocalBytes:

@@ -14,7 +14,7 @@ import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -69,6 +69,9 @@ class ShardedSource(FileSource):
     and ``index_arrays(f)`` where a manifest stores a file's document offsets.
     """
 
+    #: ``zephon index`` writes this format's manifests (False: the data carries its own, as MDS's index.json).
+    indexable: ClassVar[bool] = True
+
     def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> Source:
         raise NotImplementedError
 
@@ -119,7 +122,12 @@ class ShardedSource(FileSource):
             self.metas = metas
             self._fingerprint = {"kind": self.kind, **self.manifest_options(), **file_set_fingerprint(metas)}
             self.name = name or default_name(files.root or where)
-        self._files = opened
+        self._init_shards(where, opened)
+
+    def _init_shards(self, where: str, opened: list[Source | None] | None = None) -> None:
+        """What reading needs once ``files``, ``metas``, the fingerprint and the name are set: the files
+        opened so far (default: none) and the documents' prefix sums. No documents at all is a ``DataError``."""
+        self._files: list[Source | None] = opened if opened is not None else [None] * len(self.metas)
         self._lock = threading.Lock()
         self._starts = np.zeros(len(self.metas) + 1, dtype=np.int64)
         np.cumsum([m.documents for m in self.metas], out=self._starts[1:])

@@ -43,13 +43,13 @@ def cmd_index(a: argparse.Namespace) -> int:
 
 def _indexable_formats() -> list[type[ShardedSource]]:
     """The registered formats that have manifests: those of many files."""
-    return [c for c in formats() if issubclass(c, ShardedSource)]
+    return [c for c in formats() if issubclass(c, ShardedSource) and c.indexable]
 
 
 def _indexable(name: str | None, path: str) -> type[ShardedSource]:
     """The format ``--format`` names, or else the one ``path``'s suffix says, if it has manifests."""
     cls: type[FileSource] = source_format(name, "--format") if name else guess_format(path, "pass --format")
-    if not issubclass(cls, ShardedSource):
+    if not issubclass(cls, ShardedSource) or not cls.indexable:
         names = ", ".join(c.format_name for c in _indexable_formats())
         raise CliError(f"{path}: a {cls.format_name} source has no manifest; "
                        f"zephon index writes those of {names} sources")

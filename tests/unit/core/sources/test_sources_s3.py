@@ -9,13 +9,10 @@ import subprocess
 import pytest
 from support.cli import zephon
 from support.core_fixtures import CharTokenizer, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
-from support.s3_proxy import S3Proxy, every
+from support.s3_proxy import S3Proxy, every, through
 
 from zephon_core import DataError, JsonlSource, Pipeline, StaticMixture
 from zephon_core.sources.files import Access
-
-# Our retries are what is under test: the store client gets one attempt per request.
-NO_CLIENT_RETRIES = {"config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}}}
 
 
 def upload(ep, prefix: str, shards: list[list[str]], suffix: str = ".jsonl") -> list[str]:
@@ -29,13 +26,6 @@ def upload(ep, prefix: str, shards: list[list[str]], suffix: str = ".jsonl") -> 
 
 def corpus(n_shards: int = 6, per: int = 40) -> list[list[str]]:
     return [[f"s{k}d{j}-" + "x" * (j % 13) for j in range(per)] for k in range(n_shards)]
-
-
-def through(proxy: S3Proxy, ep) -> dict:
-    so = proxy.endpoint(ep.bucket).storage_options
-    so.update(NO_CLIENT_RETRIES)
-    so["skip_instance_cache"] = True
-    return so
 
 
 def test_a_many_shard_source_on_s3_reads_like_local_disk_through_injected_faults(s3_endpoint, tmp_path):
