@@ -47,3 +47,10 @@ def test_the_demo_imports_nothing_from_tests():
         assert not from_tests, f"{p.relative_to(ROOT)} imports {from_tests} from tests/"
         # The CPU launcher takes its own folder off the path (its modules must shadow nothing): allowed.
         assert not _edits_sys_path(tree, removals=False), f"{p.relative_to(ROOT)} puts a folder on sys.path"
+
+
+def test_the_module_map_names_every_module_of_the_core():
+    readme = (ROOT / "zephon_core" / "README.md").read_text()
+    missing = [str(p.relative_to(ROOT / "zephon_core")) for p in sorted((ROOT / "zephon_core").rglob("*.py"))
+               if p.name != "__init__.py" and str(p.relative_to(ROOT / "zephon_core")) not in readme and f"`{p.name}`" not in readme]
+    assert not missing, f"zephon_core/README.md's module map does not name: {missing}"
