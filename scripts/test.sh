@@ -126,14 +126,26 @@ if ((lint)); then
   start_stage lint bash -c 'bash scripts/lint.sh > "$1" 2>&1' lint "$art/lint.log"
 fi
 
-xmls=() temps=()
+xmls=() temps=() streams=()
+# The loader-level suite runs as two streams, the core's unit tests and everything else, one a core.
+split=(tests/unit/core) rest=(tests --ignore=tests/unit/core)
 if (($# == 0)); then
-  echo "== serial suite and e2e launches, side by side (logs: $art/serial.log, e2e.log)"
-  pytest_stage serial tests -m "not e2e" > "$art/serial.log" 2>&1
+  echo "== serial suite and e2e launches, side by side (logs: $art/{core,rest,e2e}.log)"
+  streams=(core rest e2e)
+  pytest_stage core "${split[@]}" -m "not e2e" > "$art/core.log" 2>&1
+  pytest_stage rest "${rest[@]}" -m "not e2e" > "$art/rest.log" 2>&1
   pytest_stage e2e tests -m e2e > "$art/e2e.log" 2>&1
 elif ((fast)); then
   echo "== serial suite without e2e"
-  pytest_stage serial tests -m "not e2e" "${selection[@]}"
+  positional=0
+  for arg in "${selection[@]}"; do [[ "$arg" == -* ]] || positional=1; done
+  if ((positional)); then  # paths of its own: one stream
+    pytest_stage serial tests -m "not e2e" "${selection[@]}"
+  else
+    streams=(core rest)
+    pytest_stage core "${split[@]}" -m "not e2e" "${selection[@]}" > "$art/core.log" 2>&1
+    pytest_stage rest "${rest[@]}" -m "not e2e" "${selection[@]}" > "$art/rest.log" 2>&1
+  fi
 elif ((${#selection[@]})); then
   echo "== pytest ${selection[*]}"
   pytest_stage serial "${selection[@]}"
@@ -144,12 +156,10 @@ if [[ $lint_rc != skipped ]]; then
   tail -n 30 "$art/lint.log"
   [[ $lint_rc -ne 0 ]] && status=1
 fi
-if (($# == 0)); then
-  for name in serial e2e; do  # a failing stream's whole log (its tracebacks), a passing one's summary
-    echo "== $name"
-    if [[ " ${failed[*]} " == *" $name "* ]]; then cat "$art/$name.log"; else tail -n 5 "$art/$name.log"; fi
-  done
-fi
+for name in "${streams[@]}"; do  # a failing stream's whole log (its tracebacks); of a passing one, all with --fast, else its summary
+  echo "== $name"
+  if ((fast)) || [[ " ${failed[*]} " == *" $name "* ]]; then cat "$art/$name.log"; else tail -n 5 "$art/$name.log"; fi
+done
 
 mpi_log=skipped
 if ((mpi)); then
