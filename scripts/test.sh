@@ -126,7 +126,7 @@ if ((lint)); then
   start_stage lint bash -c 'bash scripts/lint.sh > "$1" 2>&1' lint "$art/lint.log"
 fi
 
-xmls=() temps=() streams=()
+xmls=() temps=() streams=() mpi_log=skipped
 # The loader-level suite runs as two streams, the core's unit tests and everything else, one a core.
 split=(tests/unit/core) rest=(tests --ignore=tests/unit/core)
 if (($# == 0)); then
@@ -135,6 +135,12 @@ if (($# == 0)); then
   pytest_stage core "${split[@]}" -m "not e2e" > "$art/core.log" 2>&1
   pytest_stage rest "${rest[@]}" -m "not e2e" > "$art/rest.log" 2>&1
   pytest_stage e2e tests -m e2e > "$art/e2e.log" 2>&1
+  if ((mpi && side_by_side)); then  # the MPI matrix once both loader-level streams are done, beside the e2e launches left
+    echo "== MPI matrix (after core and rest; log: $art/mpi.log)"
+    mpi_log="$art/mpi.log" mpi=0
+    start_stage mpi bash -c 'while kill -0 "$1" 2>/dev/null || kill -0 "$2" 2>/dev/null; do sleep 1; done
+      bash scripts/run_mpi_matrix.sh > "$3" 2>&1' mpi "${pids[-3]}" "${pids[-2]}" "$mpi_log"
+  fi
 elif ((fast)); then
   echo "== serial suite without e2e"
   positional=0
@@ -156,12 +162,12 @@ if [[ $lint_rc != skipped ]]; then
   tail -n 30 "$art/lint.log"
   [[ $lint_rc -ne 0 ]] && status=1
 fi
+[[ $mpi_log == skipped ]] || { echo "== MPI matrix"; cat "$mpi_log"; }
 for name in "${streams[@]}"; do  # a failing stream's whole log (its tracebacks); of a passing one, all with --fast, else its summary
   echo "== $name"
   if ((fast)) || [[ " ${failed[*]} " == *" $name "* ]]; then cat "$art/$name.log"; else tail -n 5 "$art/$name.log"; fi
 done
 
-mpi_log=skipped
 if ((mpi)); then
   echo "== MPI matrix"
   mpi_log="$art/mpi.log"
