@@ -5,7 +5,11 @@ from zephon_core.sources.jsonl import JsonlSource
 from zephon_core.sources.memory import MemorySource
 from zephon_core.sources.parquet import ParquetSource
 from zephon_core.sources.registry import FileSource, SourceArgs, register_format
-from zephon_core.sources.tokens import MegatronIndexedSource, TokenArraySource
+from zephon_core.sources.tokens import TokenArraySource
+
+# isort: split
+# After token_array: imports register formats, and the registry's order is the order users see them listed in.
+from zephon_core.sources.megatron import MegatronIndexedSource
 
 __all__ = ["Source", "FileSource", "SourceArgs", "register_format", "JsonlSource", "MemorySource", "ParquetSource",
            "TokenArraySource", "MegatronIndexedSource"]
