@@ -229,8 +229,10 @@ def _prefix_spec(spec: str, storage_options: dict[str, Any] | None) -> str:
     """A prefix (or a glob of prefixes) names its ``.idx`` files; a folder stays a folder."""
     if spec.endswith(".idx") or spec.endswith("/"):
         return spec
+    if set("*?[") & set(spec):
+        return spec + ".idx"  # (open_fs would expand the glob, which names no file without its suffix)
     fs, inner = open_fs(spec, storage_options)
-    return spec if "*" not in spec and fs.isdir(inner) else spec + ".idx"
+    return spec if fs.isdir(inner) else spec + ".idx"
 
 
 @register_format
