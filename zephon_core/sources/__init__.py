@@ -6,7 +6,11 @@ from zephon_core.sources.mds import MdsSource, MdsTokensSource
 from zephon_core.sources.memory import MemorySource
 from zephon_core.sources.parquet import ParquetSource
 from zephon_core.sources.registry import FileSource, SourceArgs, register_format
-from zephon_core.sources.tokens import MegatronIndexedSource, TokenArraySource
+from zephon_core.sources.tokens import TokenArraySource
+
+# isort: split
+# After token_array: imports register formats, and the registry's order is the order users see them listed in.
+from zephon_core.sources.megatron import MegatronIndexedSource
 from zephon_core.sources.webdataset import WebDatasetSource
 
 __all__ = ["Source", "FileSource", "SourceArgs", "register_format", "JsonlSource", "MemorySource", "ParquetSource",

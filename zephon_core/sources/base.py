@@ -97,6 +97,15 @@ def sample_digest(data: bytes) -> str:
     return h.hexdigest()
 
 
+def sample_spans(size: int) -> list[tuple[int, int]]:
+    """The ``(start, length)`` spans of a file of ``size`` bytes that its content sample hashes, in order."""
+    spans = [(0, min(size, _SAMPLE_BYTES))] if size else []
+    if size > _SAMPLE_BYTES:
+        tail = max(_SAMPLE_BYTES, size - _SAMPLE_BYTES)
+        spans.append((tail, size - tail))
+    return spans
+
+
 def content_fingerprint(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
     """Size plus a hash of the first and last MiB of one file."""
     try:

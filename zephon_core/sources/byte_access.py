@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import hashlib
 import io
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Protocol
@@ -25,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 import fsspec
 
 from zephon_core.errors import DataError
-from zephon_core.sources.base import content_fingerprint, is_local, sample_digest
+from zephon_core.sources.base import content_fingerprint, is_local, sample_digest, sample_spans
 from zephon_core.sources.files import Access, FileStat
 from zephon_core.sources.remote import LocalBytes, RemoteBytes, ScanStream, Version, fetch_object, fetch_range, fetch_whole
 from zephon_core.sources.shard_cache import ShardCache
@@ -155,6 +156,15 @@ def file_sample(fs: fsspec.AbstractFileSystem, fspath: str, stat: FileStat | Non
     if whole is not None:
         return {"size": len(whole), "sample_blake2b": sample_digest(whole)}, whole
     return content_fingerprint(fs, fspath), None
+
+
+def reader_sample(reader: ByteReader) -> dict[str, Any]:
+    """A file's size and content sample (``content_fingerprint``'s values) read through ``reader``: verified,
+    retried reads that bypass the page pool, so a start-up over thousands of files evicts no page in use."""
+    h = hashlib.blake2b(digest_size=16)
+    for start, length in sample_spans(reader.size):
+        h.update(reader.scan(start, length))
+    return {"size": reader.size, "sample_blake2b": h.hexdigest()}
 
 
 def open_bytes(fs: fsspec.AbstractFileSystem, fspath: str, size: int, sample_blake2b: str, access: Access,

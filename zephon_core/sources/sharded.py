@@ -83,7 +83,7 @@ class ShardedSource(FileSource):
         return None
 
     @classmethod
-    def file_specs(cls, path: str | Sequence[str]) -> str | Sequence[str]:
+    def file_specs(cls, path: str | Sequence[str], storage_options: dict[str, Any] | None = None) -> str | Sequence[str]:
         """The paths, globs or folders of files that ``path`` names (a format may name files by a prefix)."""
         return path
 

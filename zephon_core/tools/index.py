@@ -66,7 +66,7 @@ def _source(cls: type[ShardedSource], paths: str | list[str], text_field: str, o
 def _check(cls: type[ShardedSource], paths: str | list[str], a: argparse.Namespace,
            options: dict[str, Any] | None) -> int:
     """List the source and compare the listing with its manifest (what a pipeline on S3 skips at start-up)."""
-    files = list_files(cls.file_specs(paths), cls.suffixes, options)
+    files = list_files(cls.file_specs(paths, options), cls.suffixes, options)
     where = f"{files.root.rstrip('/')}/{manifest.MANIFEST}"
     if not files.expanded or not files.fs.exists(where):
         raise CliError(f"{files.fs.unstrip_protocol(where)}: no manifest to check; write one with `zephon index {a.source[0]}`")
