@@ -7,5 +7,9 @@ from zephon_core.sources.parquet import ParquetSource
 from zephon_core.sources.registry import FileSource, SourceArgs, register_format
 from zephon_core.sources.tokens import MegatronIndexedSource, TokenArraySource
 
+# isort: split
+# Imported last: formats register in import order, which messages list them in (the first four first).
+from zephon_core.sources.arrow import ArrowSource
+
 __all__ = ["Source", "FileSource", "SourceArgs", "register_format", "JsonlSource", "MemorySource", "ParquetSource",
-           "TokenArraySource", "MegatronIndexedSource"]
+           "TokenArraySource", "MegatronIndexedSource", "ArrowSource"]

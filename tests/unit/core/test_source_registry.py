@@ -116,7 +116,7 @@ def test_an_unknown_format_in_a_recipe_is_one_line_naming_the_field_and_the_form
         load_recipe(recipe)
     msg = str(e.value)
     assert msg.startswith(f"{recipe}: sources[0].format: unknown format 'csv'") and "\n" not in msg
-    assert msg.endswith("registered formats: jsonl, parquet, token_array, megatron")
+    assert msg.endswith("registered formats: jsonl, parquet, token_array, megatron, arrow")
 
 
 def test_an_unknown_suffix_is_one_line_naming_the_file_and_the_formats(tmp_path, capsys):
@@ -134,7 +134,7 @@ def test_an_unknown_suffix_is_one_line_naming_the_file_and_the_formats(tmp_path,
 def test_zephon_index_refuses_a_format_without_manifests(tmp_path, capsys):
     assert main(["index", str(tmp_path / "tokens.npy")]) == 1
     err = capsys.readouterr().err
-    assert "a token_array source has no manifest; zephon index writes those of jsonl, parquet, megatron sources" in err
+    assert "a token_array source has no manifest; zephon index writes those of jsonl, parquet, megatron, arrow sources" in err
 
 
 @pytest.mark.parametrize("path, cls", [
@@ -164,4 +164,4 @@ def test_a_name_or_suffix_registered_twice_is_refused():
     with pytest.raises(ValueError, match="'jsonl' owns .jsonl.gz already"):
         register_format(Overlapping)
     register_format(JsonlSource)  # the same class again: nothing changes
-    assert [c.format_name for c in formats()] == ["jsonl", "parquet", "token_array", "megatron"]
+    assert [c.format_name for c in formats()] == ["jsonl", "parquet", "token_array", "megatron", "arrow"]
