@@ -14,12 +14,24 @@ from zephon_core.errors import AggregationError, ConfigError, DataError, StateEr
 from zephon_core.lane.assignment import owned_lanes
 from zephon_core.lane.docops import token_counter
 from zephon_core.pipeline import Pipeline
-from zephon_core.sources import JsonlSource, MdsSource, MdsTokensSource, MegatronIndexedSource, MemorySource, ParquetSource, Source, TokenArraySource, WebDatasetSource
+from zephon_core.sources import (
+                                 ArrowSource,
+                                 JsonlSource,
+                                 MdsSource,
+                                 MdsTokensSource,
+                                 MegatronIndexedSource,
+                                 MemorySource,
+                                 ParquetSource,
+                                 Source,
+                                 TokenArraySource,
+                                 WebDatasetSource,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AggregationError",
+    "ArrowSource",
     "Batch",
     "ConfigError",
     "Cursor",

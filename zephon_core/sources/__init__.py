@@ -13,5 +13,9 @@ from zephon_core.sources.tokens import TokenArraySource
 from zephon_core.sources.megatron import MegatronIndexedSource
 from zephon_core.sources.webdataset import WebDatasetSource
 
+# isort: split
+# Imported last: formats register in import order, which messages list them in (the first four first).
+from zephon_core.sources.arrow import ArrowSource
+
 __all__ = ["Source", "FileSource", "SourceArgs", "register_format", "JsonlSource", "MemorySource", "ParquetSource",
-           "TokenArraySource", "MegatronIndexedSource", "WebDatasetSource", "MdsSource", "MdsTokensSource"]
+           "TokenArraySource", "MegatronIndexedSource", "WebDatasetSource", "MdsSource", "MdsTokensSource", "ArrowSource"]

@@ -273,9 +273,14 @@ class ScanStream(io.RawIOBase):
     def __init__(self, reader: LocalBytes | RemoteBytes, step: int = 4 << 20) -> None:
         self._blocks = iter_bytes(reader, step)
         self._left = memoryview(b"")
+        self._pos = 0
 
     def readable(self) -> bool:
         return True
+
+    def tell(self) -> int:
+        """Bytes delivered so far (a reader of a stream of records learns where each one starts)."""
+        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         if not self._left:
@@ -283,6 +288,7 @@ class ScanStream(io.RawIOBase):
         n = min(len(buffer), len(self._left))
         buffer[:n] = self._left[:n]
         self._left = self._left[n:]
+        self._pos += n
         return n
 
 

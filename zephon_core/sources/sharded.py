@@ -23,7 +23,7 @@ from zephon_core.sources import manifest
 from zephon_core.sources.base import Source, default_name, distinct, read_flat_grouped
 from zephon_core.sources.files import Access, FileStat, list_files
 from zephon_core.sources.manifest import ShardMeta
-from zephon_core.sources.registry import FileSource
+from zephon_core.sources.registry import FileSource, SourceArgs
 
 BUCKETS = 64
 SCAN_THREADS = 16
@@ -195,3 +195,22 @@ class FlatShardedSource(ShardedSource):
     def read_flat(self, indices: np.ndarray, headroom: int = 0) -> tuple[np.ndarray, np.ndarray]:
         files, local = self.locate(np.asarray(indices, dtype=np.int64))
         return read_flat_grouped(files, lambda f, where, room: self.file(f).read_flat(local[where], room), headroom)  # type: ignore[attr-defined]
+
+
+class TextShardedSource(ShardedSource):
+    """A many-file text format whose documents are one field of each record (``text_field``): the recipe
+    keys it takes, and what its manifest records of its settings, shared by such formats."""
+
+    text_field: str
+    pretokenized = False
+
+    @classmethod
+    def from_args(cls, args: SourceArgs) -> Source:
+        return cls(args.path, args.text_field, name=args.name, storage_options=args.storage_options, access=args.access)  # type: ignore[call-arg]
+
+    def manifest_options(self) -> dict[str, Any]:
+        return {"text_field": self.text_field}
+
+    def stored_index(self, meta: ShardMeta | None) -> dict[str, np.ndarray] | None:
+        """A file's index arrays that the manifest keeps (None without a manifest, or with it disabled)."""
+        return manifest.read_index(self.files, meta.name) if meta is not None and self.access.manifest else None

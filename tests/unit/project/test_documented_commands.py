@@ -58,6 +58,8 @@ RULES: list[tuple[str, str, str]] = [
     (r"^zephon index \"s3://", "test", "tests/unit/core/sources/test_sources_s3.py::test_a_manifest_on_s3_is_the_one_request_at_start_up_and_every_read_checks_its_version"),
     (r"^zephon index data/shards --format webdataset$", "test",
      "tests/unit/core/sources/test_source_webdataset.py::test_zephon_index_writes_a_manifest_that_start_up_uses_without_opening_a_shard"),
+    (r"^zephon index \S+ --format arrow$", "test",
+     "tests/unit/core/sources/test_source_arrow.py::test_zephon_index_writes_a_manifest_that_start_up_uses_without_opening_a_data_file"),
     (r"^zephon [a-z-]+( [A-Z][A-Z0-9.]*| \[.*\]| --[a-z-]+( [A-Z0-9]+)?)*$|^zephon [a-z-]+$|^zephon [a-z |-]+$", "synopsis", ""),
     (r"^zephon ", "run", ""),
     (r"^(bash scripts/demo\.sh --data-only|python -m zephon_core\.tools\.demo)$", "run", "outside the clone"),

@@ -1,0 +1,336 @@
+"""Arrow IPC documents, one row each: what Hugging Face ``datasets`` writes (``save_to_disk``, its
+cache files) and the ``.arrow`` files of a Hub dataset repo (``hf://datasets/...``).
+
+``datasets`` writes the IPC *stream* format (messages end to end, no footer); the IPC *file*
+format (``ARROW1``, the same messages, a footer) is read the same way: one pass over a file's
+message headers finds every record batch's byte span and row count (the file's index, which
+``zephon index`` stores next to the data, so that start-up from a manifest opens no file), and
+a document is then read from its record batch alone.
+
+A local file (or a shard-cache copy) is memory-mapped: a batch is a zero-copy slice of the map.
+On an object store a batch is one verified, retried range read of its message through the byte
+layer's page pool (``byte_access.open_bytes``), not a copy of the whole shard: with a manifest a
+rank fetches only the batches of the documents it is given, where a whole-shard copy would fetch
+every shard it touches (``save_to_disk`` writes 500 MB shards) before its first document.
+``Access(local_copy=True)`` copies whole shards instead. Without a manifest, indexing an object
+takes one pass over it (a stream has no footer), as a JSONL file's index does.
+
+Nothing is unpickled: the text column must be an Arrow string column, and pyarrow reads a
+pickled extension type as its storage bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from fsspec.core import url_to_fs
+
+from zephon_core.errors import DataError
+from zephon_core.sources.base import Source, content_fingerprint, default_name, distinct, open_fs, sample_digest
+from zephon_core.sources.byte_access import open_bytes, small_object
+from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
+from zephon_core.sources.manifest import ShardMeta
+from zephon_core.sources.registry import register_format
+from zephon_core.sources.remote import LocalBytes, ScanStream
+from zephon_core.sources.sharded import TextShardedSource
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+_CACHED_BATCHES = 4
+_FILE_MAGIC = b"ARROW1"  # the IPC file format: magic, 2 bytes of padding, the stream, the footer, its length, magic
+_STREAM_AT = {True: 8, False: 0}  # where the messages start, by whether the file has the magic
+STATE, DATASET_DICT = "state.json", "dataset_dict.json"  # what datasets' save_to_disk writes next to the data
+_SAVED_NAME = re.compile(r"data-\d{5}-of-(\d{5})\.arrow")
+_INDEX_KEYS = ("schema", "offsets", "lengths", "rows")
+
+
+def check_schema(schema: pa.Schema, text_field: str, where: str) -> int:
+    """The position of the string column ``text_field`` in ``schema``; a ``DataError`` naming the file and column otherwise."""
+    import pyarrow as pa
+
+    if text_field not in schema.names:
+        raise DataError(f"{where}: no column {text_field!r} (columns: {', '.join(schema.names)}); set the source's field")
+    kind = schema.field(text_field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataError(f"{where}: column {text_field!r} must be a string column, got {kind}")
+    return int(schema.get_field_index(text_field))
+
+
+def scan_messages(stream: pa.NativeFile, end: int, text_field: str, where: str) -> dict[str, np.ndarray]:
+    """The index of the IPC messages ``stream`` holds up to byte ``end``: the schema message's span and every
+    record batch's byte offset, length and rows. A message that does not parse is a ``DataError`` naming
+    the file, the byte and the batch."""
+    import pyarrow as pa
+
+    reader = pa.ipc.MessageReader.open_stream(stream)
+    schema_span: list[int] = []
+    offsets: list[int] = []
+    lengths: list[int] = []
+    rows: list[int] = []
+    schema = None
+    pos = stream.tell()
+    while pos < end:
+        what = f"record batch {len(offsets)} (after {sum(rows)} records)" if schema is not None else "the schema"
+        try:
+            message = reader.read_next_message()
+        except StopIteration:
+            break
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise DataError(f"{where}: byte {pos}, {what}: not a readable Arrow IPC message, truncated or corrupt ({e})") from None
+        after = stream.tell()
+        if message.type == "schema" and schema is None:
+            schema = pa.ipc.read_schema(message)
+            check_schema(schema, text_field, where)
+            schema_span = [pos, after - pos]
+        elif message.type == "record batch" and schema is not None:
+            try:
+                n = pa.ipc.read_record_batch(message, schema).num_rows
+            except (pa.ArrowException, ValueError) as e:
+                raise DataError(f"{where}: byte {pos}, {what}: unreadable ({e})") from None
+            offsets.append(pos)
+            lengths.append(after - pos)
+            rows.append(n)
+        elif message.type == "dictionary":
+            raise DataError(f"{where}: byte {pos}: dictionary-encoded columns are not supported; write the dataset without them")
+        else:
+            raise DataError(f"{where}: byte {pos}, {what}: unexpected Arrow IPC message {message.type!r}")
+        pos = after
+    if schema is None:
+        raise DataError(f"{where}: not an Arrow IPC file (no schema message)")
+    return {"schema": np.asarray(schema_span, dtype=np.int64), "offsets": np.asarray(offsets, dtype=np.int64),
+            "lengths": np.asarray(lengths, dtype=np.int64), "rows": np.asarray(rows, dtype=np.int64)}
+
+
+def plausible(arrays: dict[str, np.ndarray], size: int) -> bool:
+    """An index (a manifest's) must describe a file of ``size`` bytes: spans in order and in bounds."""
+    if any(k not in arrays or arrays[k].dtype != np.int64 for k in _INDEX_KEYS) or arrays["schema"].shape != (2,):
+        return False
+    offsets, lengths, rows = arrays["offsets"], arrays["lengths"], arrays["rows"]
+    if not (len(offsets) == len(lengths) == len(rows)) or np.any(lengths <= 0) or np.any(rows < 0):
+        return False
+    spans = np.concatenate([arrays["schema"].reshape(1, 2), np.stack([offsets, lengths], axis=1)])
+    return bool(spans[0, 0] >= 0 and np.all(spans[1:, 0] >= spans[:-1].sum(axis=1)) and spans[-1].sum() <= size)
+
+
+class ArrowFile(Source):
+    """The rows of one Arrow IPC file (stream or file format); a document is the ``text_field`` column's string."""
+
+    def __init__(self, path: str, text_field: str = "text", *, name: str | None = None, storage_options: dict[str, Any] | None = None,
+                 access: Access = DEFAULT_ACCESS, known: ShardMeta | None = None, index: dict[str, np.ndarray] | None = None,
+                 stat: FileStat | None = None, allow_empty: bool = False) -> None:
+        import pyarrow as pa
+
+        self.path = str(path)
+        self.text_field = text_field
+        self.name = name or default_name(self.path)
+        fs, fspath = open_fs(self.path, storage_options)
+        whole = small_object(fs, fspath, stat, access) if known is None else None
+        if known is not None:
+            sample: dict[str, Any] = {"size": known.size, "sample_blake2b": known.sample_blake2b}
+        elif whole is not None:
+            sample = {"size": len(whole), "sample_blake2b": sample_digest(whole)}
+        else:
+            sample = content_fingerprint(fs, fspath)
+        self._fingerprint = {"kind": ArrowSource.kind, "text_field": text_field, **sample}
+        self._bytes = open_bytes(fs, fspath, int(sample["size"]), str(sample["sample_blake2b"]), access, stat)
+        self._map: pa.Buffer | None = None
+        if isinstance(self._bytes, LocalBytes):  # a local file or a shard-cache copy: its batches are slices of the map
+            with pa.memory_map(self._bytes.path) as mapped:
+                self._map = mapped.read_buffer()  # the mapping outlives the closed file: no descriptor per shard
+        size = int(sample["size"])
+        arrays = index if index is not None and plausible(index, size) else self._scan(size, whole)
+        self._index = arrays
+        try:
+            self._schema = pa.ipc.read_schema(pa.ipc.read_message(self._span(*arrays["schema"].tolist())))
+        except (pa.ArrowException, OSError, EOFError, ValueError) as e:
+            raise DataError(f"{self.path}: the schema message is unreadable ({e}); rebuild the manifest (zephon index)") from None
+        self._column = check_schema(self._schema, text_field, self.path)
+        self._starts = np.concatenate([[0], np.cumsum(arrays["rows"])]).astype(np.int64)
+        self._lock = threading.Lock()
+        self._batches: OrderedDict[int, pa.Array] = OrderedDict()
+        if not allow_empty:
+            self._require_nonempty(self.path)
+
+    def _span(self, start: int, length: int) -> pa.Buffer:
+        import pyarrow as pa
+
+        if self._map is not None:
+            return self._map.slice(start, length)
+        (data,) = self._bytes.read_many([(start, length)])  # verified, retried, through the page pool
+        return pa.py_buffer(data)
+
+    def _scan(self, size: int, whole: bytes | None) -> dict[str, np.ndarray]:
+        """Index the file's messages: from the map, from the bytes fetched whole, or in one pass over the object."""
+        import pyarrow as pa
+
+        data = self._map if self._map is not None else pa.py_buffer(whole) if whole is not None else None
+
+        def part(start: int, length: int) -> bytes:
+            return data.slice(start, length).to_pybytes() if data is not None else self._bytes.scan(start, length)
+
+        is_file = part(0, min(8, size)).startswith(_FILE_MAGIC)
+        end = size
+        if is_file:
+            tail = part(max(0, size - 10), min(10, size))
+            if size < 18 or not tail.endswith(_FILE_MAGIC):
+                raise DataError(f"{self.path}: an Arrow IPC file without its footer (truncated?): rewrite it")
+            end = size - 10 - int.from_bytes(tail[:4], "little")  # the footer follows the messages
+        if data is not None:
+            stream: pa.NativeFile = pa.BufferReader(data.slice(0, end))
+            stream.seek(_STREAM_AT[is_file])
+        else:  # one pass, in large verified reads that bypass the page pool
+            stream = pa.PythonFile(io.BufferedReader(ScanStream(self._bytes), 1 << 22), mode="r")
+            stream.read(_STREAM_AT[is_file])
+        return scan_messages(stream, end, self.text_field, self.path)
+
+    @property
+    def index_arrays(self) -> dict[str, np.ndarray]:
+        """The message index (what a manifest stores next to the data)."""
+        return dict(self._index)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def _batch(self, b: int) -> pa.Array:
+        with self._lock:
+            if b in self._batches:
+                self._batches.move_to_end(b)
+                return self._batches[b]
+        column = self._decode(b)  # outside the lock: threads decode different batches at once
+        with self._lock:
+            self._batches[b] = column
+            if len(self._batches) > _CACHED_BATCHES:
+                self._batches.popitem(last=False)
+        return column
+
+    def _decode(self, b: int) -> pa.Array:
+        import pyarrow as pa
+
+        first, stop = int(self._starts[b]), int(self._starts[b + 1])
+        where = f"{self.path}: record batch {b} (records {first}-{stop - 1})"
+        buffer = self._span(int(self._index["offsets"][b]), int(self._index["lengths"][b]))
+        try:
+            message = pa.ipc.read_message(buffer)
+            batch = pa.ipc.read_record_batch(message, self._schema)
+            column = batch.column(self._column)
+            column.validate(full=True)  # offsets in bounds, valid UTF-8: a corrupt file never reads as text
+        except DataError:
+            raise
+        except (pa.ArrowException, OSError, EOFError, ValueError) as e:
+            raise DataError(f"{where}: cannot read column {self.text_field!r} ({type(e).__name__}: {e})") from None
+        if batch.num_rows != stop - first:
+            raise DataError(f"{where}: {batch.num_rows} records, but the index says {stop - first}; rebuild the manifest (zephon index)")
+        return column
+
+    def read(self, indices: Sequence[int]) -> list[Any]:
+        idx = np.asarray(indices, dtype=np.int64)
+        batches = np.searchsorted(self._starts, idx, side="right") - 1
+        kinds = distinct(batches)
+        if len(kinds) == 1:
+            return self._values(int(kinds[0]), idx)
+        out: list[Any] = [None] * len(idx)
+        for b in kinds:
+            where = np.flatnonzero(batches == b)
+            for j, value in zip(where.tolist(), self._values(int(b), idx[where])):
+                out[j] = value
+        return out
+
+    def _values(self, b: int, idx: np.ndarray) -> list[Any]:
+        """The documents ``idx`` (all in record batch ``b``), in order."""
+        local = idx - self._starts[b]
+        column = self._batch(b)
+        if len(local) and local[-1] - local[0] == len(local) - 1 and np.all(np.diff(local) == 1):
+            values = column.slice(int(local[0]), len(local)).to_pylist()  # a run: half the cost of a take
+        else:
+            values = column.take(local).to_pylist()
+        if None in values:
+            j = values.index(None)
+            raise DataError(f"{self.path}: record {int(idx[j])} (record batch {b}): field {self.text_field!r} is null")
+        return values
+
+    def fingerprint(self) -> dict[str, Any]:
+        return dict(self._fingerprint)
+
+
+def saved_split(path: str | Sequence[str], storage_options: dict[str, Any] | None) -> tuple[str | Sequence[str], list[str] | None]:
+    """The files of ``path`` where it is a folder ``save_to_disk`` wrote (a ``Dataset``, or one split of a
+    ``DatasetDict``): a spec of exactly the files its ``state.json`` lists, and their names; else ``(path, None)``.
+
+    ``load_from_disk`` reads those files in ``state.json``'s order, and never the cache files that
+    ``Dataset.map`` leaves beside them (``cache-*.arrow``), so neither does this source.
+    """
+    if not isinstance(path, str) or path.endswith(ArrowSource.suffixes) or set("*?[") & set(path):
+        return path, None
+    fs, folder = url_to_fs(path, **(storage_options or {}))
+    folder = folder.rstrip("/")
+    url = fs.unstrip_protocol(f"{folder}/{STATE}")
+    try:
+        raw = fs.cat_file(f"{folder}/{STATE}")
+    except (FileNotFoundError, NotADirectoryError):
+        try:
+            splits = json.loads(fs.cat_file(f"{folder}/{DATASET_DICT}")).get("splits")
+        except (FileNotFoundError, NotADirectoryError, ValueError, AttributeError):
+            return path, None
+        raise DataError(f"{path}: a DatasetDict folder (splits {', '.join(map(str, splits or []))}): name one split's folder, "
+                        f"e.g. {path.rstrip('/')}/{(splits or ['train'])[0]}") from None
+    try:
+        names = [str(entry["filename"]) for entry in json.loads(raw)["_data_files"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{url}: not a datasets state.json ({type(e).__name__}: {e})") from None
+    if not names or any("/" in n or not n.endswith(".arrow") for n in names):
+        raise DataError(f"{url}: _data_files must name the folder's .arrow files, got {names[:3]}")
+    if names != sorted(names):
+        first = next(a for a, b in zip(names, names[1:]) if a > b)
+        raise DataError(f"{url}: lists {first} before a file whose name sorts first; a source reads its files in sorted "
+                        "order, which would not be load_from_disk's: rename the files in state.json's order")
+    totals = {m.group(1) if (m := _SAVED_NAME.fullmatch(n)) else None for n in names}
+    total = next(iter(totals))
+    if len(totals) == 1 and total is not None and int(total) == len(names):
+        return f"{path.rstrip('/')}/data-*-of-{total}.arrow", names  # a glob: a manifest of it is the file set on a store
+    return [f"{path.rstrip('/')}/{n}" for n in names], names
+
+
+@register_format
+class ArrowSource(TextShardedSource):
+    """Arrow IPC rows (the ``.arrow`` files of Hugging Face ``datasets``) from one file, a glob, a folder or a
+    list of them; files in sorted order.
+
+    A folder that ``save_to_disk`` wrote (``state.json``) is exactly the files that state.json lists, as
+    ``datasets.load_from_disk`` reads them; a ``DatasetDict`` folder is refused: name a split
+    (``ds/train``). A document is the ``text_field`` column's string. For many files the folder's
+    manifest is used when present (each file's message index is stored with it), otherwise every
+    file's message headers are read on up to 16 threads.
+    """
+
+    format_name = "arrow"
+    kind = "arrow"
+    suffixes = (".arrow",)
+
+    def __init__(self, path: str | Sequence[str], text_field: str = "text", *, name: str | None = None,
+                 storage_options: dict[str, Any] | None = None, attempts: int = 5, local_copy: bool = False,
+                 use_manifest: bool = True, access: Access | None = None) -> None:
+        self.text_field = text_field
+        spec, names = saved_split(path, storage_options)
+        self._init_files(spec, name, storage_options, access or Access(attempts=attempts, local_copy=local_copy, manifest=use_manifest))
+        if names is not None and self.files.listed and [self.files.name(st) for st in self.files.files] != names:
+            missing = sorted(set(names) - {self.files.name(st) for st in self.files.files})
+            raise DataError(f"{path}: state.json lists {len(names)} files, the folder holds {len(names) - len(missing)} of them "
+                            f"({missing[0] if missing else '?'} is missing)")
+
+    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> ArrowFile:
+        return ArrowFile(url, self.text_field, storage_options=self.storage_options, access=self.access, known=meta,
+                         index=self.stored_index(meta), stat=stat, allow_empty=not single)
+
+    def index_arrays(self, f: int) -> dict[str, np.ndarray]:
+        """File ``f``'s message index, for the manifest."""
+        opened = self.file(f)
+        assert isinstance(opened, ArrowFile)
+        return opened.index_arrays
