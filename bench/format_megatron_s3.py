@@ -45,7 +45,7 @@ import corpus  # noqa: E402
 
 # P8's shape: 16 pairs of ~5 MB (80 MB), blocks of ~1 MB in windows of 4, 4 lanes, a 24 MB page pool (the windows fit, a third of the corpus).
 SHARDS, JOIN, BLOCK, WINDOW, LANES, SEQ_LEN, BATCH = 16, 6, 256, 4, 4, 512, 8
-LATENCY_S, PAGE_POOL_MB, PEER_CHUNK, PEER_SECONDS, INDEXED = 0.02, 24, 1 << 20, 15.0, 1000
+LATENCY_S, PAGE_POOL_MB, PEER_CHUNK, PEER_SECONDS, INDEXED = 0.02, 24, 1 << 20, 15.0, 500
 perf = time.perf_counter
 
 
