@@ -106,14 +106,18 @@ class MegatronIndexedFile(Source):
     ``prefix`` is the path (or URL) without extension. A document is the concatenation
     of the sequences between two document indices, as Megatron defines it. ``stat`` is
     the ``.idx``'s listing or manifest entry; ``known`` its manifest entry, whose facts
-    of the ``.bin`` spare a request for each.
+    of the ``.bin`` spare a request for each; ``fs`` the store (default: the one ``prefix`` names).
     """
 
     def __init__(self, prefix: str, *, name: str | None = None, allow_empty: bool = False, storage_options: dict[str, Any] | None = None,
-                 access: Access = DEFAULT_ACCESS, stat: FileStat | None = None, known: ShardMeta | None = None) -> None:
+                 access: Access = DEFAULT_ACCESS, stat: FileStat | None = None, known: ShardMeta | None = None,
+                 fs: fsspec.AbstractFileSystem | None = None) -> None:
         self.prefix = str(prefix)
         self.name = name or default_name(self.prefix)
-        fs, idx_path = open_fs(self.prefix + ".idx", storage_options)
+        if fs is None:  # (a many-file source passes its own: one store client for all its pairs)
+            fs, idx_path = open_fs(self.prefix + ".idx", storage_options)
+        else:
+            idx_path = stat.path if stat is not None else fs._strip_protocol(self.prefix + ".idx")
         facts = known.extra if known is not None and "bin" in known.extra else None
         idx = self._index_bytes(fs, idx_path, stat, access, facts)
         idx_fp = reader_sample(idx)
@@ -275,7 +279,7 @@ class MegatronIndexedSource(FlatShardedSource):
 
     def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> MegatronIndexedFile:
         return MegatronIndexedFile(url[: -len(".idx")], allow_empty=not single, storage_options=self.storage_options, access=self.access,
-                                   stat=stat, known=meta)
+                                   stat=stat, known=meta, fs=self.files.fs)
 
     def meta_of(self, st: FileStat, opened: Source) -> ShardMeta:
         assert isinstance(opened, MegatronIndexedFile)
