@@ -154,4 +154,10 @@ class Access:
     manifest: bool = True  # use the folder's zephon-manifest.json when there is one
     verify_listing: bool = False  # on an object store, list the files too and refuse any not in the manifest
     progress: Callable[[int, int], None] | None = None  # (files indexed, files) while indexing many files
+    # Files a many-file source keeps open at once, least recently read closed first: each holds a descriptor or
+    # three (memory maps, handles), and an epoch over 10,000 shards would otherwise hold them all, past
+    # common `ulimit -n` limits (1,024).
+    max_open_files: int = 256
+
+
 DEFAULT_ACCESS = Access()

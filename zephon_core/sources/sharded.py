@@ -2,8 +2,8 @@
 
 Global document ``i`` is document ``i - starts[f]`` of file ``f``, found by a
 binary search of the prefix sums of the files' document counts. Files are
-opened on first use (from a manifest, start-up touches none of them), and may be
-empty. The fingerprint covers the file set: every file's name, size and content
+opened on first use (from a manifest, start-up touches none of them), at most
+``Access.max_open_files`` at once, and may be empty. The fingerprint covers the file set: every file's name, size and content
 sample, grouped into at most ``BUCKETS`` digests, each naming its first and last
 file, so an added, removed or changed shard is refused at restore naming where.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
@@ -21,7 +22,7 @@ import numpy as np
 from zephon_core.errors import DataError
 from zephon_core.sources import manifest
 from zephon_core.sources.base import Source, default_name, distinct, read_flat_grouped
-from zephon_core.sources.files import Access, FileStat, list_files
+from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat, list_files
 from zephon_core.sources.manifest import ShardMeta
 from zephon_core.sources.registry import FileSource, SourceArgs
 
@@ -110,10 +111,10 @@ class ShardedSource(FileSource):
             if metas is None and access.manifest:
                 metas = manifest.read_manifest(files, self.kind, self.manifest_options())
             if metas is None:
-                def scan(f: int) -> tuple[ShardMeta, Source]:
+                def scan(f: int) -> tuple[ShardMeta, Source | None]:
                     st = files.files[f]
                     one = self.open_file(files.url(st), None, False, st)
-                    return self.meta_of(st, one), one
+                    return self.meta_of(st, one), (one if f < access.max_open_files else None)  # the rest closes now
 
                 total = len(files.files)
                 report = (lambda done: access.progress(done, total)) if access.progress else None  # type: ignore[misc]
@@ -127,7 +128,8 @@ class ShardedSource(FileSource):
     def _init_shards(self, where: str, opened: list[Source | None] | None = None) -> None:
         """What reading needs once ``files``, ``metas``, the fingerprint and the name are set: the files
         opened so far (default: none) and the documents' prefix sums. No documents at all is a ``DataError``."""
-        self._files: list[Source | None] = opened if opened is not None else [None] * len(self.metas)
+        self._keep_open = max(1, getattr(self, "access", DEFAULT_ACCESS).max_open_files)
+        self._open: OrderedDict[int, Source] = OrderedDict((f, s) for f, s in enumerate(opened or []) if s is not None)
         self._lock = threading.Lock()
         self._starts = np.zeros(len(self.metas) + 1, dtype=np.int64)
         np.cumsum([m.documents for m in self.metas], out=self._starts[1:])
@@ -141,17 +143,20 @@ class ShardedSource(FileSource):
         return int(self._starts[-1])
 
     def file(self, f: int) -> Source:
-        """File ``f`` as a single-file source (opened once, on first use)."""
-        opened = self._files[f]
-        if opened is None:
-            with self._lock:
-                opened = self._files[f]
-                if opened is None:
-                    opened = self.open_file(self.files.url(self.files.files[f]), self.metas[f], False, self.files.files[f])
-                    if len(opened) != self.metas[f].documents:
-                        raise DataError(f"{self.metas[f].name}: {len(opened)} documents, but the source's index says "
-                                        f"{self.metas[f].documents}; rebuild the manifest (zephon index)")
-                    self._files[f] = opened
+        """File ``f`` as a single-file source: opened on first use and kept among the ``max_open_files``
+        most recently read. A file dropped from them closes once no reader holds it, and opens again when read."""
+        with self._lock:
+            opened = self._open.get(f)
+            if opened is not None:
+                self._open.move_to_end(f)
+                return opened
+            opened = self.open_file(self.files.url(self.files.files[f]), self.metas[f], False, self.files.files[f])
+            if len(opened) != self.metas[f].documents:
+                raise DataError(f"{self.metas[f].name}: {len(opened)} documents, but the source's index says "
+                                f"{self.metas[f].documents}; rebuild the manifest (zephon index)")
+            self._open[f] = opened
+            if len(self._open) > self._keep_open:
+                self._open.popitem(last=False)
         return opened
 
     def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
