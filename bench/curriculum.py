@@ -43,7 +43,16 @@ sys.path.insert(0, str(ROOT))
 
 import corpus  # noqa: E402
 
-from zephon_core import JsonlSource, Pipeline, Source, Stage, StagedMixture, StaticMixture, TokenArraySource, token_counter  # noqa: E402
+from zephon_core import (  # noqa: E402
+    JsonlSource,
+    Pipeline,
+    Source,
+    Stage,
+    StagedMixture,
+    StaticMixture,
+    TokenArraySource,
+    token_counter,
+)
 
 WORK = ROOT / "bench" / ".work"
 SEQ_LEN, BATCH, C, EOS = 512, 8, 8, 1

@@ -16,7 +16,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from torchtitan_cpu.runs import ASSETS, GLOBAL_BATCH, LOCAL_BATCH, RECIPE, SEQ_LEN, launch, steps_of  # next to this script
+from torchtitan_cpu.runs import (  # next to this script
+    ASSETS,
+    GLOBAL_BATCH,
+    LOCAL_BATCH,
+    RECIPE,
+    SEQ_LEN,
+    launch,
+    steps_of,
+)
 
 
 def planned_steps(steps: int) -> dict[int, dict[tuple[int, int], str]]:

@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 import relkit
 
-from zephon_core import ConfigError, DataError, JsonlSource, MegatronIndexedSource, ParquetSource, StateError, TokenArraySource
+from zephon_core import (
+    ConfigError,
+    DataError,
+    JsonlSource,
+    MegatronIndexedSource,
+    ParquetSource,
+    StateError,
+    TokenArraySource,
+)
 from zephon_core.recipe import load_recipe
 
 # -- JSONL ------------------------------------------------------------------------

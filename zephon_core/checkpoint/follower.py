@@ -6,7 +6,18 @@ import collections
 import random
 from typing import Any, NoReturn
 
-from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, PartWaits, RoundReplaced, Steps, leaf, now, pause, span_label
+from zephon_core.checkpoint.gather import (
+    Gatherer,
+    Member,
+    PartsMissing,
+    PartWaits,
+    RoundReplaced,
+    Steps,
+    leaf,
+    now,
+    pause,
+    span_label,
+)
 from zephon_core.checkpoint.names import ROUND_FILE, merged_file, part_file
 from zephon_core.checkpoint.records import Merged, Moved, Round, decode_merged, decode_round, encode_part
 from zephon_core.checkpoint.tree import Writers

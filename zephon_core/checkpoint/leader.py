@@ -7,7 +7,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon_core.checkpoint.gather import Gatherer, Member, PartsMissing, PartWaits, Steps, Subtree, account_for, leaf, now
+from zephon_core.checkpoint.gather import (
+    Gatherer,
+    Member,
+    PartsMissing,
+    PartWaits,
+    Steps,
+    Subtree,
+    account_for,
+    leaf,
+    now,
+)
 from zephon_core.checkpoint.merge import merge_parsed
 from zephon_core.checkpoint.names import ROUND_FILE, TMP_PREFIX, merged_file, new_token, rank_of_part
 from zephon_core.checkpoint.records import Round, decode_round, encode_merged, encode_moved, encode_round

@@ -28,7 +28,15 @@ import fsspec
 from zephon_core.errors import DataError
 from zephon_core.sources.base import content_fingerprint, is_local, sample_digest, sample_spans
 from zephon_core.sources.files import Access, FileStat
-from zephon_core.sources.remote import LocalBytes, RemoteBytes, ScanStream, Version, fetch_object, fetch_range, fetch_whole
+from zephon_core.sources.remote import (
+    LocalBytes,
+    RemoteBytes,
+    ScanStream,
+    Version,
+    fetch_object,
+    fetch_range,
+    fetch_whole,
+)
 from zephon_core.sources.shard_cache import ShardCache
 
 if TYPE_CHECKING:

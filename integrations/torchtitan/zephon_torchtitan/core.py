@@ -29,7 +29,9 @@ from zephon_core.integration import (
     topology_problems,
 )
 from zephon_core.tools.audit import log_line, open_batch_log
-from zephon_torchtitan.settings import DEFAULT_STATE_CAPACITY as DEFAULT_STATE_CAPACITY  # re-exported beside the slot it sizes
+from zephon_torchtitan.settings import (
+    DEFAULT_STATE_CAPACITY as DEFAULT_STATE_CAPACITY,  # re-exported beside the slot it sizes
+)
 from zephon_torchtitan.settings import Settings
 
 #: TorchTitan's ignore index for labels (torchtitan.components.loss.IGNORE_INDEX).

@@ -37,7 +37,16 @@ torch = pytest.importorskip("torch")
 if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
     pytest.skip("megatron-core is not installed", allow_module_level=True)
 
-from support.document_masks import VOCAB, altered, check_isolated, check_leaks, corpus, documents_per_row, owners, pick_document  # noqa: E402
+from support.document_masks import (  # noqa: E402
+    VOCAB,
+    altered,
+    check_isolated,
+    check_leaks,
+    corpus,
+    documents_per_row,
+    owners,
+    pick_document,
+)
 
 from zephon_core import MemorySource, Pipeline, StaticMixture  # noqa: E402
 

@@ -35,7 +35,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchtitan")
 
 import torch.nn.functional as F  # noqa: E402
-from support.document_masks import altered, check_isolated, check_leaks, corpus, documents_per_row, owners, pick_document  # noqa: E402
+from support.document_masks import (  # noqa: E402
+    altered,
+    check_isolated,
+    check_leaks,
+    corpus,
+    documents_per_row,
+    owners,
+    pick_document,
+)
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: E402
 from torchtitan.models.common import attention as tt_attention  # noqa: E402
 from torchtitan.models.llama3 import model_registry  # noqa: E402

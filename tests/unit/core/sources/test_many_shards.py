@@ -1,8 +1,9 @@
-"""Many shards, every format: once ``zephon index`` has written the manifest, a source of 10,000 shards
-opens none of them at start-up, counts every document, and a read opens only the shards it reads; a
-source holds at most ``Access.max_open_files`` shards open, whatever it has read, with the same documents. One real shard per format is written by the library that owns it and
-linked 10,000 times (the content of a shard does not matter here; their number does). Wall time is a
-benchmark's business (P7, bench/), not a test's: these count what start-up touches."""
+"""Many shards, every format. Once ``zephon index`` has written the manifest, a source of 10,000 shards
+opens none of them at start-up, counts every document, and a read opens only the shards it reads. A source
+holds at most ``Access.max_open_files`` shards open, whatever it has read, with the same documents. One real
+shard per format is written by the library that owns it and linked 10,000 times (the content of a shard does
+not matter here; their number does). Wall time is a benchmark's business (P7, bench/), not a test's: these
+count what start-up touches."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def megatron_shards(folder: Path, shards: int = SHARDS) -> list[str]:
 FORMATS = {
     "webdataset": (webdataset_shards, WebDatasetSource, WebDatasetFile, TEXTS),
     "arrow": (arrow_shards, ArrowSource, ArrowFile, TEXTS),
-    "megatron": (megatron_shards, MegatronIndexedSource, MegatronIndexedFile, [[7 * i for i in range(j + 1)] for j in range(3)]),
+    "megatron": (megatron_shards, MegatronIndexedSource, MegatronIndexedFile,
+                 [[7 * i for i in range(j + 1)] for j in range(3)]),
 }
 
 
@@ -88,7 +90,8 @@ def _as_plain(doc):
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_a_manifest_start_up_at_ten_thousand_shards_opens_none_and_a_read_opens_only_its_shards(fmt, tmp_path, monkeypatch, capsys):
+def test_a_manifest_start_up_at_ten_thousand_shards_opens_none_and_a_read_opens_only_its_shards(
+        fmt, tmp_path, monkeypatch, capsys):
     make, source_cls, file_cls, per_shard = FORMATS[fmt]
     folder = tmp_path / "corpus"
     args = make(folder)
@@ -118,7 +121,8 @@ def test_mds_start_up_at_ten_thousand_shards_reads_index_json_alone(tmp_path, mo
             w.write({"text": f"document {d} " + "z" * 60})
     shard_reads: list[str] = []
     original = mds_shard.MdsShard.__init__
-    monkeypatch.setattr(mds_shard.MdsShard, "__init__", lambda self, *a, **k: shard_reads.append(str(a[0])) or original(self, *a, **k))
+    monkeypatch.setattr(mds_shard.MdsShard, "__init__",
+                        lambda self, *a, **k: shard_reads.append(str(a[0])) or original(self, *a, **k))
     src = MdsSource(str(tmp_path / "big"))
     assert len(src) == SHARDS and shard_reads == []
     assert src.read([SHARDS - 1, 0]) == [f"document {SHARDS - 1} " + "z" * 60, "document 0 " + "z" * 60]
@@ -140,7 +144,8 @@ def test_a_source_holds_at_most_max_open_files_shards_open_and_reads_the_same_do
     got = []
     for a in range(0, len(bounded), 7):  # a few shards a read, every shard in turn
         got += [_as_plain(d) for d in bounded.read(list(range(a, min(len(bounded), a + 7))))]
-        assert _open_descriptors() - before <= 3 * 3, f"{_open_descriptors() - before} descriptors open with max_open_files=3"
+        held = _open_descriptors() - before
+        assert held <= 3 * 3, f"{held} descriptors open with max_open_files=3"
     assert got == every and len(got) == 40 * len(FORMATS[fmt][3])
     if held_unbounded:  # (a format that reads a shard whole holds nothing open: nothing to bound)
         assert held_unbounded >= 40, f"the unbounded source held {held_unbounded} descriptors for 40 shards"

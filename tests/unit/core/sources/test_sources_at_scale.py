@@ -21,7 +21,15 @@ from hypothesis import strategies as st
 from support.cli import zephon
 from support.core_fixtures import CharTokenizer, epoch_exactly_once, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
 
-from zephon_core import DataError, JsonlSource, MegatronIndexedSource, ParquetSource, Pipeline, StateError, StaticMixture
+from zephon_core import (
+    DataError,
+    JsonlSource,
+    MegatronIndexedSource,
+    ParquetSource,
+    Pipeline,
+    StateError,
+    StaticMixture,
+)
 from zephon_core.curriculum.order import BlockShuffle
 from zephon_core.sources import manifest
 from zephon_core.sources.files import list_files, manifest_scope
