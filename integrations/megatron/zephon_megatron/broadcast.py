@@ -75,6 +75,31 @@ def _checksum(payload: torch.Tensor) -> tuple[int, int]:
     return _digest_words(hashlib.blake2b(data, digest_size=16).hexdigest())
 
 
+def _pack(batch: MicroBatch, device: Any, verify: bool) -> tuple[list[int], torch.Tensor]:
+    """The sender's header values and its one int64 payload: tokens, labels, positions, the loss mask's
+    float32 bits and, for packed rows, ``cu_seqlens`` and ``max_seqlen``."""
+    tokens = batch["tokens"]
+    B, L = tokens.shape
+    cu = batch.get("cu_seqlens")
+    parts = [
+        tokens.reshape(-1).to(torch.int64),
+        batch["labels"].reshape(-1).to(torch.int64),
+        batch["position_ids"].reshape(-1).to(torch.int64),
+        batch["loss_mask"].to(torch.float32).contiguous().view(torch.int32).reshape(-1).to(torch.int64),
+    ]
+    if cu is not None:
+        parts += [cu.reshape(-1).to(torch.int64), batch["max_seqlen"].reshape(-1).to(torch.int64)]
+    payload = torch.cat([p.to(device) for p in parts])
+    meta = batch.meta
+    attn = batch.get("attention_mask")
+    flags = (_F_ATTN if attn is not None else 0) | (_F_CU if cu is not None else 0) | (_F_CHECK if verify else 0)
+    d0, d1 = _digest_words(meta.digest) if meta else (0, 0)
+    c0, c1 = _checksum(payload) if verify else (0, 0)
+    values = [B, L, flags, cu.shape[1] if cu is not None else 0, meta.lane if meta else -1,
+              meta.lane_index if meta else -1, d0, d1, c0, c1, payload.numel(), 0]
+    return values, payload
+
+
 def broadcast_microbatch(batch: MicroBatch | None, *, src: int, group: Any, verify: bool = False) -> MicroBatch:
     """Rank ``src`` (a global rank) passes its ``batch``; every rank of ``group`` returns it.
 
@@ -86,25 +111,7 @@ def broadcast_microbatch(batch: MicroBatch | None, *, src: int, group: Any, veri
     header = torch.zeros(_HEADER_LEN, dtype=torch.int64, device=device)
     if sender:
         assert batch is not None, "tensor-parallel rank 0 has no micro-batch to send"
-        tokens = batch["tokens"]
-        B, L = tokens.shape
-        cu = batch.get("cu_seqlens")
-        attn = batch.get("attention_mask")
-        parts = [
-            tokens.reshape(-1).to(torch.int64),
-            batch["labels"].reshape(-1).to(torch.int64),
-            batch["position_ids"].reshape(-1).to(torch.int64),
-            batch["loss_mask"].to(torch.float32).contiguous().view(torch.int32).reshape(-1).to(torch.int64),
-        ]
-        if cu is not None:
-            parts += [cu.reshape(-1).to(torch.int64), batch["max_seqlen"].reshape(-1).to(torch.int64)]
-        payload = torch.cat([p.to(device) for p in parts])
-        meta = batch.meta
-        flags = (_F_ATTN if attn is not None else 0) | (_F_CU if cu is not None else 0) | (_F_CHECK if verify else 0)
-        d0, d1 = _digest_words(meta.digest) if meta else (0, 0)
-        c0, c1 = _checksum(payload) if verify else (0, 0)
-        values = [B, L, flags, cu.shape[1] if cu is not None else 0, meta.lane if meta else -1,
-                  meta.lane_index if meta else -1, d0, d1, c0, c1, payload.numel(), 0]
+        values, payload = _pack(batch, device, verify)
         header.copy_(torch.tensor(values, dtype=torch.int64))
     dist.broadcast(header, src, group=group)
     B, L, flags, cu_w, lane, lane_index, d0, d1, c0, c1, n, _ = (int(v) for v in header.cpu().tolist())

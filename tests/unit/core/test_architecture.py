@@ -7,13 +7,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from support.code_shape import oversized
+
 CORE = Path(__file__).resolve().parents[3] / "zephon_core"
 
 # Lower layers never import higher ones; a layer may import itself (checked for cycles below).
 LAYERS = ["errors", "validation", "batch", "metrics", "sources", "curriculum", "lane", "checkpoint", "pipeline", "recipe", "integration", "tools"]
 RANK = {"errors": 0, "validation": 1, "batch": 1, "metrics": 1, "sources": 2, "curriculum": 3, "lane": 4, "checkpoint": 4, "pipeline": 5,
         "recipe": 6, "integration": 7, "tools": 8}
-MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_INSTANCE_ATTRIBUTES = 420, 60, 12
 
 
 def modules() -> dict[str, ast.Module]:
@@ -88,18 +89,5 @@ def test_no_import_cycles_between_modules():
 
 
 def test_no_module_class_or_function_outgrows_a_reader():
-    too_big = []
-    for path in sorted(CORE.rglob("*.py")):
-        text = path.read_text()
-        rel = path.relative_to(CORE.parent)
-        if len(text.splitlines()) > MAX_MODULE_LINES:
-            too_big.append(f"{rel}: {len(text.splitlines())} lines")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
-                too_big.append(f"{rel}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
-            if isinstance(node, ast.ClassDef):
-                attrs = {sub.attr for sub in ast.walk(node) if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store)
-                         and isinstance(sub.value, ast.Name) and sub.value.id == "self"}
-                if len(attrs) > MAX_INSTANCE_ATTRIBUTES:
-                    too_big.append(f"{rel}:{node.lineno} {node.name}: {len(attrs)} instance attributes")
+    too_big = oversized(CORE.rglob("*.py"), CORE.parent)
     assert not too_big, too_big

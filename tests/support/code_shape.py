@@ -1,0 +1,32 @@
+"""The sizes a reader can hold in mind (docs/architecture.md), measured on any Python files: the
+architecture tests of the core, the adapters and the bench share them."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_INSTANCE_ATTRIBUTES = 420, 60, 12
+
+
+def oversized(paths: Iterable[Path], root: Path) -> list[str]:
+    """``file: what`` for every module, function or class of ``paths`` over the limits."""
+    too_big = []
+    for path in sorted(paths):
+        text = path.read_text()
+        rel = path.relative_to(root)
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_big.append(f"{rel}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_big.append(f"{rel}:{node.lineno} {node.name}: {length} lines")
+            if isinstance(node, ast.ClassDef):
+                attrs = {sub.attr for sub in ast.walk(node)
+                         if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store)
+                         and isinstance(sub.value, ast.Name) and sub.value.id == "self"}
+                if len(attrs) > MAX_INSTANCE_ATTRIBUTES:
+                    too_big.append(f"{rel}:{node.lineno} {node.name}: {len(attrs)} instance attributes")
+    return too_big

@@ -1,0 +1,65 @@
+"""The adapters keep the core's shape rules (tests/unit/core/test_architecture.py): no module, function or
+class outgrows the sizes in docs/architecture.md, nothing imports in a circle, and each adapter imports
+neither the other adapter nor the other framework."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from support.code_shape import oversized
+
+ROOT = Path(__file__).resolve().parents[3]
+ADAPTERS = {
+    "zephon_torchtitan": (ROOT / "integrations" / "torchtitan" / "zephon_torchtitan", {"megatron", "zephon_megatron"}),
+    "zephon_megatron": (ROOT / "integrations" / "megatron" / "zephon_megatron", {"torchtitan", "zephon_torchtitan"}),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def test_no_module_class_or_function_of_the_adapters_outgrows_a_reader():
+    too_big = oversized((ROOT / "integrations").rglob("*.py"), ROOT)
+    assert not too_big, too_big
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_an_adapter_imports_neither_the_other_adapter_nor_the_other_framework(adapter):
+    folder, foreign = ADAPTERS[adapter]
+    wrong = {f"{p.name}: {m}" for p in folder.glob("*.py") for m in _imports(p) if m.split(".")[0] in foreign}
+    assert not wrong, sorted(wrong)
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_no_import_cycles_between_the_modules_of_an_adapter(adapter):
+    folder, _ = ADAPTERS[adapter]
+    modules = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
+    edges = {name: {m.split(".")[1] for m in _imports(p) if m.startswith(adapter + ".") and m.split(".")[1] in modules}
+             for name, p in modules.items()}
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(name: str, path: list[str]) -> None:
+        if cycle or state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle.extend(path[path.index(name):] + [name])
+            return
+        state[name] = 1
+        for nxt in sorted(edges[name] - {name}):
+            visit(nxt, path + [name])
+        state[name] = 2
+
+    for name in sorted(modules):
+        visit(name, [])
+    assert not cycle, " -> ".join(cycle)
