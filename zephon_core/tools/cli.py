@@ -16,6 +16,7 @@ from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.tools import curriculum_audit
 from zephon_core.tools.errors import CliError, debug_option, run
+from zephon_core.tools.from_megatron import add_from_megatron_parser
 from zephon_core.tools.index import add_index_parser
 from zephon_core.tools.init import add_init_parser
 from zephon_core.tools.progress import Progress
@@ -280,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parser(sub)
     add_index_parser(sub)
     add_init_parser(sub)
+    add_from_megatron_parser(sub)
     for sp in sub.choices.values():
         debug_option(sp, argparse.SUPPRESS)
     debug_option(ap, False)

@@ -53,6 +53,7 @@ class RunShape:
     # get_batch_on_this_tp_rank (zephon_megatron.launch); False for
     # zephon_megatron.pretrain_gpt, whose broadcast sends what the loader made.
     megatron_broadcast: bool = True
+    data_flags: tuple[str, ...] = ()  # Megatron's own data flags given (the recipe names the data instead)
 
     @property
     def batches_per_step(self) -> int:
@@ -96,7 +97,17 @@ class RunShape:
             save=getattr(args, "save", None),
             dataloader_save=getattr(args, "dataloader_save", None),
             megatron_broadcast=megatron_broadcast,
+            data_flags=_data_flags(args),
         )
+
+
+# Megatron's flags that choose its own datasets; with --dataloader-type zephon the recipe does.
+_DATA_FLAGS = ("data_path", "data_args_path", "per_split_data_args_path", "train_data_path", "valid_data_path",
+               "test_data_path", "mock_data")
+
+
+def _data_flags(args: Any) -> tuple[str, ...]:
+    return tuple("--" + f.replace("_", "-") for f in _DATA_FLAGS if getattr(args, f, None) not in (None, False, [], ""))
 
 
 def _schedule_flag(args: Any) -> str:
@@ -190,6 +201,12 @@ def problems(s: RunShape) -> list[str]:
             "rows: remove it (plain --context-parallel-size is supported)"
         )
     out += _evaluation(s)
+    if s.data_flags:
+        out.append(
+            f"{', '.join(s.data_flags)}: Megatron's data flags are not read with --dataloader-type zephon, the recipe "
+            "(--zephon-recipe) names the data; remove them (`zephon from-megatron --data-path ...` writes a recipe "
+            "of the same blend)"
+        )
     if s.sft:
         out.append("--sft uses Megatron's SFT datasets and their batch format; Zephon serves pretraining batches only")
     if s.reset_attention_mask and not s.create_attention_mask:

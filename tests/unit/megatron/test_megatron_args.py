@@ -244,3 +244,24 @@ def test_a_skipped_iteration_reads_its_micro_batches_on_every_chunk_and_sends_no
     monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", Namespace(dataloader_type="single"))
     wrapped("theirs")
     assert calls == ["theirs"]
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--data-path", "0.7", "/d/a_text_document", "0.3", "/d/b_text_document"], "--data-path"),
+    (["--train-data-path", "/d/a_text_document", "--mock-data"], "--train-data-path, --mock-data"),
+])
+def test_megatrons_own_data_flags_are_refused_with_the_command_that_writes_a_recipe(
+        installed, monkeypatch, extra, named):
+    """Megatron parses them; with zephon they would be silently ignored, so the validators name them."""
+    from zephon_megatron.validate import RunShape, problems
+
+    monkeypatch.setattr(sys, "argv", ARGV + extra)
+    ns = installed.parse_args(ignore_unknown_args=True)
+    ns.data_parallel_size, ns.global_batch_size, ns.micro_batch_size = 1, 8, 1
+    found = [p for p in problems(RunShape.from_args(ns, canonical_replicas=8)) if "data flags" in p]
+    assert len(found) == 1 and found[0].startswith(f"{named}: Megatron's data flags are not read"), found
+    assert "zephon from-megatron --data-path" in found[0]
+    monkeypatch.setattr(sys, "argv", ARGV)
+    plain = installed.parse_args(ignore_unknown_args=True)
+    plain.data_parallel_size, plain.global_batch_size, plain.micro_batch_size = 1, 8, 1
+    assert RunShape.from_args(plain, canonical_replicas=8).data_flags == ()

@@ -64,6 +64,7 @@ RULES: list[tuple[str, str, str]] = [
     (r"^zephon index \S+ --format arrow$", "test",
      "tests/unit/core/sources/test_source_arrow.py::test_zephon_index_writes_a_manifest_that_start_up_uses_without_opening_a_data_file"),
     (r"^zephon [a-z-]+( [A-Z][A-Z0-9.]*| \[.*\]| --[a-z-]+( [A-Z0-9]+)?)*$|^zephon [a-z-]+$|^zephon [a-z |-]+$", "synopsis", ""),
+    (r"^zephon from-megatron .* --out ", "run", "outside the clone"),
     (r"^zephon ", "run", ""),
     (r"^(bash scripts/demo\.sh --data-only|python -m zephon_core\.tools\.demo)$", "run", "outside the clone"),
     (r"^python -m zephon_core\.tools\.cli$", "run", "with --help"),
