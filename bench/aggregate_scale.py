@@ -34,13 +34,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from support.fsops import count
+
+from zephon_core.checkpoint.aggregate import Aggregator
+from zephon_core.checkpoint.state import canonical_json, make_state
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
-
-from support.fsops import count  # noqa: E402
-
-from zephon_core.checkpoint.aggregate import Aggregator  # noqa: E402
-from zephon_core.checkpoint.state import canonical_json, make_state  # noqa: E402
 
 
 def definition() -> dict[str, Any]:
@@ -64,7 +63,9 @@ def local_state(defn: dict[str, Any], rank: int, step: int, a: argparse.Namespac
 
     g = group_of(rank, a)
     topo = {"dp_degree": a.dp, "dp_group_id": g, "world_size": a.ranks, "global_rank": rank}
-    return make_state(defn, a.lanes, topo, {lane: LaneState(Cursor(step, 3, 17, 0), step) for lane in owned_lanes(a.lanes, a.dp, g)})
+    return make_state(
+        defn, a.lanes, topo, {lane: LaneState(Cursor(step, 3, 17, 0), step) for lane in owned_lanes(a.lanes, a.dp, g)}
+    )
 
 
 class SimRank:
@@ -119,9 +120,11 @@ class SimRank:
 
     def check(self) -> None:
         merged, self.merged = self.merged, None
-        self.out.update(digest=hashlib.sha256(canonical_json(merged).encode()).hexdigest()[:16] if merged else None,
-                        lanes=len(merged["lanes"]) if merged else 0,
-                        delivered=sorted({v["delivered"] for v in merged["lanes"].values()}) if merged else None)
+        self.out.update(
+            digest=hashlib.sha256(canonical_json(merged).encode()).hexdigest()[:16] if merged else None,
+            lanes=len(merged["lanes"]) if merged else 0,
+            delivered=sorted({v["delivered"] for v in merged["lanes"].values()}) if merged else None,
+        )
 
 
 def run_threads(sims: list[SimRank], barrier: Any) -> float:
@@ -139,7 +142,8 @@ def run_threads(sims: list[SimRank], barrier: Any) -> float:
 
 
 def run_tasks(sims: list[SimRank], barrier: Any) -> float:
-    """One round, an asyncio task per rank (its file operations run inline: on a local folder they take microseconds)."""
+    """One round, an asyncio task per rank (its file operations run inline: on a local folder they take
+    microseconds)."""
     import asyncio
 
     async def everyone() -> None:
@@ -151,7 +155,9 @@ def run_tasks(sims: list[SimRank], barrier: Any) -> float:
     return time.process_time() - cpu
 
 
-def worker(ranks: list[int], a: argparse.Namespace, base: str, so: dict[str, Any], defn: dict[str, Any], barrier: Any, q: Any) -> None:
+def worker(
+    ranks: list[int], a: argparse.Namespace, base: str, so: dict[str, Any], defn: dict[str, Any], barrier: Any, q: Any
+) -> None:
     try:
         threading.stack_size(512 * 1024)
         # Hundreds of threads waiting for the GIL each wake at every switch interval to ask for it: at
@@ -179,7 +185,9 @@ def worker(ranks: list[int], a: argparse.Namespace, base: str, so: dict[str, Any
         os._exit(0)
 
 
-def summarize(k: int, outs: list[dict[str, Any]], server_counts: dict[str, int] | None, a: argparse.Namespace) -> dict[str, Any]:
+def summarize(
+    k: int, outs: list[dict[str, Any]], server_counts: dict[str, int] | None, a: argparse.Namespace
+) -> dict[str, Any]:
     errors = [o["error"] for o in outs if o.get("error")]
     res: dict[str, Any] = {"round": k + 1, "errors": errors[:3], "error_count": len(errors)}
     if errors or len(outs) != a.ranks:
@@ -198,16 +206,24 @@ def summarize(k: int, outs: list[dict[str, Any]], server_counts: dict[str, int] 
     start = min(o["t0"] for o in outs)
     ends = sorted(o["t1"] - start for o in outs)
     res.update(
-        latency_s=ends[-1], cpu_s=sum(o.get("cpu_s", 0.0) for o in outs),
-        leader_s=next(o["t1"] for o in outs if o["rank"] == 0) - start, returns_p50_s=ends[len(ends) // 2],
+        latency_s=ends[-1],
+        cpu_s=sum(o.get("cpu_s", 0.0) for o in outs),
+        leader_s=next(o["t1"] for o in outs if o["rank"] == 0) - start,
+        returns_p50_s=ends[len(ends) // 2],
         arrivals_s=max(o["t0"] for o in outs) - start,
         writers=sum(o["wrote"] for o in outs),
-        ops_per_rank_mean=statistics.fmean(ops), ops_per_rank_max=max(ops), ops_by_kind_per_rank={kd: n / a.ranks for kd, n in sorted(kinds.items())},
+        ops_per_rank_mean=statistics.fmean(ops),
+        ops_per_rank_max=max(ops),
+        ops_by_kind_per_rank={kd: n / a.ranks for kd, n in sorted(kinds.items())},
         ops_by_file_per_rank={f: n / a.ranks for f, n in sorted(files.items())},
-        ops_by_role={r: {"ranks": len(v), "mean": statistics.fmean(v), "max": max(v)} for r, v in sorted(roles.items())},
+        ops_by_role={
+            r: {"ranks": len(v), "mean": statistics.fmean(v), "max": max(v)} for r, v in sorted(roles.items())
+        },
         bytes_read_per_rank=statistics.fmean(o["ops"]["bytes_read"] for o in outs),
         bytes_written_per_rank=statistics.fmean(o["ops"]["bytes_written"] for o in outs),
-        identical=len({o["digest"] for o in outs}) == 1, lanes=outs[0]["lanes"], delivered=outs[0]["delivered"],
+        identical=len({o["digest"] for o in outs}) == 1,
+        lanes=outs[0]["lanes"],
+        delivered=outs[0]["delivered"],
     )
     if server_counts is not None:
         res["server_requests_per_rank"] = {kd: n / a.ranks for kd, n in sorted(server_counts.items())}
@@ -270,9 +286,15 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             p.join(timeout=60)
         if server is not None:
             server.stop()
-    return {"ranks": a.ranks, "tp": a.tp, "pp": a.pp, "cp": a.cp, "dp": a.dp, "lanes": a.lanes, "fan_in": a.fan_in, "backend": a.backend,
-            "latency_ms": a.latency_ms if a.backend == "s3" else 0, "mode": a.mode, "processes": nproc, "rounds": rounds,
-            "wall_s": time.monotonic() - t_start, "cpus": os.cpu_count(), "loadavg": os.getloadavg()}
+    return {**_setting(a, nproc), "rounds": rounds, "wall_s": time.monotonic() - t_start, "cpus": os.cpu_count(),
+            "loadavg": os.getloadavg()}
+
+
+def _setting(a: argparse.Namespace, nproc: int) -> dict[str, Any]:
+    """The run's layout and store, as its result reports them."""
+    return {"ranks": a.ranks, "tp": a.tp, "pp": a.pp, "cp": a.cp, "dp": a.dp, "lanes": a.lanes, "fan_in": a.fan_in,
+            "backend": a.backend, "latency_ms": a.latency_ms if a.backend == "s3" else 0, "mode": a.mode,
+            "processes": nproc}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -284,32 +306,53 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lanes", type=int, default=0, help="canonical_replicas (default: the dp degree)")
     ap.add_argument("--backend", choices=["local", "s3"], default="local")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="delay the S3 server adds to every request")
-    ap.add_argument("--mode", choices=["auto", "tasks", "threads", "processes"], default="auto",
-                    help="auto: tasks on a local folder, threads on s3")
-    ap.add_argument("--processes", type=int, default=4, help="processes the ranks are spread over (--mode tasks or threads)")
+    ap.add_argument(
+        "--mode",
+        choices=["auto", "tasks", "threads", "processes"],
+        default="auto",
+        help="auto: tasks on a local folder, threads on s3",
+    )
+    ap.add_argument(
+        "--processes", type=int, default=4, help="processes the ranks are spread over (--mode tasks or threads)"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fan-in", type=int, default=16)
-    ap.add_argument("--follow-budget", type=float, default=0.0, help="override Pacing.follow_budget (looks a second, all ranks)")
-    ap.add_argument("--switch-interval", type=float, default=0.1, help="sys.setswitchinterval of the processes of threads")
+    ap.add_argument(
+        "--follow-budget", type=float, default=0.0, help="override Pacing.follow_budget (looks a second, all ranks)"
+    )
+    ap.add_argument(
+        "--switch-interval", type=float, default=0.1, help="sys.setswitchinterval of the processes of threads"
+    )
     ap.add_argument("--timeout", type=float, default=300.0)
-    ap.add_argument("--dir", default=None, help="the aggregate folder (local backend); default bench/.work/aggregate-scale")
+    ap.add_argument(
+        "--dir", default=None, help="the aggregate folder (local backend); default bench/.work/aggregate-scale"
+    )
     return ap.parse_args(argv)
 
 
 def report(res: dict[str, Any]) -> str:
-    head = (f"{res['ranks']} ranks ({res['mode']} in {res['processes']} processes; tp={res['tp']} pp={res['pp']} cp={res['cp']} dp={res['dp']}, "
-            f"{res['lanes']} lanes, fan-in {res['fan_in']}) on {res['backend']}" + (f" +{res['latency_ms']:g} ms/request" if res["backend"] == "s3" else "")
-            + f", {res['cpus']} CPUs, load {res['loadavg'][0]:.1f}")
+    head = (
+        f"{res['ranks']} ranks ({res['mode']} in {res['processes']} processes; tp={res['tp']} pp={res['pp']} "
+        f"cp={res['cp']} dp={res['dp']}, "
+        f"{res['lanes']} lanes, fan-in {res['fan_in']}) on {res['backend']}"
+        + (f" +{res['latency_ms']:g} ms/request" if res["backend"] == "s3" else "")
+        + f", {res['cpus']} CPUs, load {res['loadavg'][0]:.1f}"
+    )
     lines = [head]
     for r in res["rounds"]:
         if r["error_count"]:
             lines.append(f"  round {r['round']}: {r['error_count']} errors, e.g. {r['errors'][:1]}")
             continue
         srv = r.get("server_requests_per_rank")
-        lines.append(f"  round {r['round']}: {r['latency_s']:.2f} s (CPU {r['cpu_s']:.1f} s; all called by {r['arrivals_s']:.2f} s, "
-                     f"leader done {r['leader_s']:.2f} s, half the ranks {r['returns_p50_s']:.2f} s), {r['writers']} writers, {r['ops_per_rank_mean']:.2f} metadata ops/rank "
-                     f"(max {r['ops_per_rank_max']}), {r['bytes_read_per_rank']:.0f} B read + {r['bytes_written_per_rank']:.0f} B written /rank, "
-                     f"identical={r['identical']}" + (f", server: {srv.get('requests', 0):.2f} requests/rank" if srv else ""))
+        lines.append(
+            f"  round {r['round']}: {r['latency_s']:.2f} s (CPU {r['cpu_s']:.1f} s; all called by "
+            f"{r['arrivals_s']:.2f} s, "
+            f"leader done {r['leader_s']:.2f} s, half the ranks {r['returns_p50_s']:.2f} s), {r['writers']} "
+            f"writers, {r['ops_per_rank_mean']:.2f} metadata ops/rank "
+            f"(max {r['ops_per_rank_max']}), {r['bytes_read_per_rank']:.0f} B read + "
+            f"{r['bytes_written_per_rank']:.0f} B written /rank, "
+            f"identical={r['identical']}" + (f", server: {srv.get('requests', 0):.2f} requests/rank" if srv else "")
+        )
     return "\n".join(lines)
 
 

@@ -21,7 +21,9 @@ RECIPE = Path(__file__).resolve().parents[1] / "configs" / "data" / "demo.toml"
 
 
 def build(recipe, **opts):
-    return recipe.build_standalone(dp_degree=1, dp_group_id=0, canonical_replicas=8, prefetch=0, reader_threads=0, **opts)
+    return recipe.build_standalone(
+        dp_degree=1, dp_group_id=0, canonical_replicas=8, prefetch=0, reader_threads=0, **opts
+    )
 
 
 def throughput(recipe, batches: int = 400) -> float:
@@ -61,14 +63,19 @@ def main() -> None:
     early_ms, _ = restore_latency(recipe, 16)
     late_ms, lanes_bytes = restore_latency(recipe, 4000)
     merged = merge_states([build(recipe).local_state()])
-    print(json.dumps({
-        "tokens_per_s_single_thread": round(tps),
-        "restore_ms_early_batch_16": round(early_ms, 2),
-        "restore_ms_late_batch_4000": round(late_ms, 2),
-        "restore_late_over_early": round(late_ms / early_ms, 2),
-        "state_bytes_per_lane": round(lanes_bytes / 8, 1),
-        "whole_state_bytes": len(json.dumps(merged, separators=(",", ":"))),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "tokens_per_s_single_thread": round(tps),
+                "restore_ms_early_batch_16": round(early_ms, 2),
+                "restore_ms_late_batch_4000": round(late_ms, 2),
+                "restore_late_over_early": round(late_ms / early_ms, 2),
+                "state_bytes_per_lane": round(lanes_bytes / 8, 1),
+                "whole_state_bytes": len(json.dumps(merged, separators=(",", ":"))),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

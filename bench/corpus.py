@@ -22,6 +22,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "configs" / "corpus" / "stdlib_docs.jsonl"
@@ -60,7 +61,6 @@ def generate_docs(n_docs: int, seed: int) -> list[str]:
 
 def build(work: Path, n_docs: int = 20000, n_pretok: int = 20000, seed: int = 20261129, log=print) -> dict:
     """Create (once) and describe the corpus folder."""
-    import numpy as np
 
     out = work / f"corpus-{_key(n_docs, n_pretok, seed)}"
     meta_path = out / "meta.json"
@@ -82,32 +82,8 @@ def build(work: Path, n_docs: int = 20000, n_pretok: int = 20000, seed: int = 20
         (tmp / "shards" / f"part-{s:04d}.jsonl").write_text("".join(lines[s * per : (s + 1) * per]), encoding="utf-8")
     log(f"corpus: {n_docs} documents, {sum(map(len, docs)) / 1e6:.1f} M characters ({time.perf_counter() - t0:.1f} s)")
 
-    # Pretokenized copy of the first n_pretok documents (document + EOS, as the pipelines produce).
-    from tokenizers import Tokenizer
-
-    t0 = time.perf_counter()
-    tok = Tokenizer.from_file(str(TOKENIZER))
-    arrays = []
-    step = 512
-    for a in range(0, min(n_pretok, n_docs), step):
-        for e in tok.encode_batch(docs[a : min(a + step, n_pretok)], add_special_tokens=False):
-            arrays.append(np.asarray(e.ids + [EOS_ID], dtype=np.int32))
-    lengths = np.array([len(x) for x in arrays], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    tokens = np.concatenate(arrays).astype(np.int32)
-    np.save(tmp / "tokens.npy", tokens)
-    np.save(tmp / "offsets.npy", offsets)
-    log(f"pretokenized {len(arrays)} documents -> {len(tokens) / 1e6:.2f} M tokens ({time.perf_counter() - t0:.1f} s)")
-
-    # The same documents through megatron-core's own writer.
-    import torch
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
-    prefix = tmp / "megatron_text_document"
-    builder = IndexedDatasetBuilder(str(prefix) + ".bin", dtype=np.int32)
-    for x in arrays:
-        builder.add_document(torch.from_numpy(x), [len(x)])
-    builder.finalize(str(prefix) + ".idx")
+    arrays, lengths, tokens = _pretokenize(tmp, docs, n_pretok, log)
+    _write_megatron(tmp / "megatron_text_document", arrays)
 
     meta = {
         "key": out.name,
@@ -127,6 +103,41 @@ def build(work: Path, n_docs: int = 20000, n_pretok: int = 20000, seed: int = 20
         shutil.rmtree(out)
     os.replace(tmp, out)
     return meta
+
+
+def _pretokenize(tmp: Path, docs: list[str], n_pretok: int, log) -> tuple[list, Any, Any]:
+    """Pretokenized copy of the first n_pretok documents (document + EOS, as the pipelines produce):
+    tokens.npy + offsets.npy in ``tmp``; returns the per-document arrays, their lengths and all tokens."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    t0 = time.perf_counter()
+    tok = Tokenizer.from_file(str(TOKENIZER))
+    arrays = []
+    step = 512
+    n_docs = len(docs)
+    for a in range(0, min(n_pretok, n_docs), step):
+        for e in tok.encode_batch(docs[a : min(a + step, n_pretok)], add_special_tokens=False):
+            arrays.append(np.asarray(e.ids + [EOS_ID], dtype=np.int32))
+    lengths = np.array([len(x) for x in arrays], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.concatenate(arrays).astype(np.int32)
+    np.save(tmp / "tokens.npy", tokens)
+    np.save(tmp / "offsets.npy", offsets)
+    log(f"pretokenized {len(arrays)} documents -> {len(tokens) / 1e6:.2f} M tokens ({time.perf_counter() - t0:.1f} s)")
+    return arrays, lengths, tokens
+
+
+def _write_megatron(prefix: Path, arrays: list) -> None:
+    """The same documents through megatron-core's own writer."""
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    builder = IndexedDatasetBuilder(str(prefix) + ".bin", dtype=np.int32)
+    for x in arrays:
+        builder.add_document(torch.from_numpy(x), [len(x)])
+    builder.finalize(str(prefix) + ".idx")
 
 
 def paths(work: Path, meta: dict) -> dict[str, str]:

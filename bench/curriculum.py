@@ -31,19 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import corpus
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))
-
-import corpus  # noqa: E402
-
-from zephon_core import (  # noqa: E402
+from zephon_core import (
     JsonlSource,
     Pipeline,
     Source,
@@ -53,6 +47,8 @@ from zephon_core import (  # noqa: E402
     TokenArraySource,
     token_counter,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 WORK = ROOT / "bench" / ".work"
 SEQ_LEN, BATCH, C, EOS = 512, 8, 8, 1
@@ -71,10 +67,14 @@ def split_sources(paths: dict[str, str]) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for name, ids in parts.items():
         ids = np.sort(ids)
-        files = {"tokens": str(out_dir / f"{name}.npy"), "offsets": str(out_dir / f"{name}_offsets.npy"), "jsonl": str(out_dir / f"{name}.jsonl")}
+        files = {
+            "tokens": str(out_dir / f"{name}.npy"),
+            "offsets": str(out_dir / f"{name}_offsets.npy"),
+            "jsonl": str(out_dir / f"{name}.jsonl"),
+        }
         if not Path(files["jsonl"]).exists():
             out_dir.mkdir(parents=True, exist_ok=True)
-            np.save(files["tokens"], np.concatenate([tokens[offsets[i]:offsets[i + 1]] for i in ids]))
+            np.save(files["tokens"], np.concatenate([tokens[offsets[i] : offsets[i + 1]] for i in ids]))
             np.save(files["offsets"], np.concatenate([[0], np.cumsum(lengths[ids])]))
             Path(files["jsonl"]).write_text("".join(lines[i] for i in ids), encoding="utf-8")
         out[name] = files
@@ -127,31 +127,48 @@ def measure_shares(files, tok, steps: int) -> dict:
     out = {}
     by_docs = StaticMixture(sources(files, False), target, seed=3, chunk_size=64)
     out["documents, pretokenized (StaticMixture)"] = window_shares(step_tokens(pipeline(by_docs), steps, 3), target)
-    for label, text in (("tokens, pretokenized (exact counts)", False), ("tokens, text (bytes x measured ratio)", True)):
-        ws = StagedMixture(sources(files, text), [Stage(dict(WEIGHTS), "main", weight_by="tokens")], seed=3, chunk_size=64,
-                           token_counter=token_counter(tok, eos_id=EOS) if text else None)
+    for label, text in (
+        ("tokens, pretokenized (exact counts)", False),
+        ("tokens, text (bytes x measured ratio)", True),
+    ):
+        ws = StagedMixture(
+            sources(files, text),
+            [Stage(dict(WEIGHTS), "main", weight_by="tokens")],
+            seed=3,
+            chunk_size=64,
+            token_counter=token_counter(tok, eos_id=EOS) if text else None,
+        )
         res = window_shares(step_tokens(pipeline(ws, tok if text else None), steps, 3), target)
         if text:
             res["estimate"] = ws.definition()["token_estimates"]
         out[label] = res
-    out["_sources"] = {n: {"documents": len(s), "mean_tokens": round(float(s.token_lengths().mean()), 1)} for n, s in zip(names, sources(files, False))}
+    out["_sources"] = {
+        n: {"documents": len(s), "mean_tokens": round(float(s.token_lengths().mean()), 1)}
+        for n, s in zip(names, sources(files, False))
+    }
     return out
 
 
 def measure_boundary(files, steps: int = 400, at: int = 200) -> dict:
     """Stage 1 reads short+middle, stage 2 (from step `at`) only long: when does each lane switch?"""
     rows = C * BATCH
-    stages = [Stage({"short": 1, "middle": 1}, "one", weight_by="tokens"), Stage({"long": 1}, "two", start_step=at, weight_by="tokens")]
+    stages = [
+        Stage({"short": 1, "middle": 1}, "one", weight_by="tokens"),
+        Stage({"long": 1}, "two", start_step=at, weight_by="tokens"),
+    ]
     out = {}
     for by in ("tokens", "documents"):
         st = [Stage(s.weights, s.name, start_step=s.start_step, weight_by=by) for s in stages]
         ws = StagedMixture(sources(files, False), st, seed=3, chunk_size=64, tokens_per_step=rows * (SEQ_LEN + 1))
         per_step = step_tokens(pipeline(ws), steps, 3)
         mixed = np.flatnonzero((per_step[:, 2] > 0) & (per_step[:, :2].sum(axis=1) > 0)) + 1
-        out[f"weight_by={by}"] = {"planned_step": at, "start_chunk": int(ws.schedule.plans[1].start_chunk),
-                                  "first_step_with_stage_two": int(np.flatnonzero(per_step[:, 2] > 0)[0]) + 1,
-                                  "last_step_with_stage_one": int(np.flatnonzero(per_step[:, :2].sum(axis=1) > 0)[-1]) + 1,
-                                  "steps_mixing_both": int(len(mixed))}
+        out[f"weight_by={by}"] = {
+            "planned_step": at,
+            "start_chunk": int(ws.schedule.plans[1].start_chunk),
+            "first_step_with_stage_two": int(np.flatnonzero(per_step[:, 2] > 0)[0]) + 1,
+            "last_step_with_stage_one": int(np.flatnonzero(per_step[:, :2].sum(axis=1) > 0)[-1]) + 1,
+            "steps_mixing_both": int(len(mixed)),
+        }
     return out
 
 
@@ -178,32 +195,55 @@ def measure_throughput(files, paths, tok, rounds: int, seconds: float) -> dict:
     means = [float(s.token_lengths().mean()) for s in sources(files, False)]
     same_shares = [w / m for w, m in zip(WEIGHTS.values(), means)]
     by_tokens = [Stage(dict(WEIGHTS), "main", weight_by="tokens")]
-    three = [Stage({"short": 1, "middle": 1}, "a"), Stage(dict(WEIGHTS), "b", start_chunk=40, weight_by="tokens"),
-             Stage({"long": 1, "short": 1}, "c", start_chunk=400, weight_by="tokens")]
+    three = [
+        Stage({"short": 1, "middle": 1}, "a"),
+        Stage(dict(WEIGHTS), "b", start_chunk=40, weight_by="tokens"),
+        Stage({"long": 1, "short": 1}, "c", start_chunk=400, weight_by="tokens"),
+    ]
     count = token_counter(tok, eos_id=EOS)
     cases = {
         "pretokenized, 1 source: StaticMixture": lambda: pipeline(StaticMixture(one, seed=3)),
-        "pretokenized, 1 source: StagedMixture, one stage (same data)": lambda: pipeline(StagedMixture(one, [Stage({"corpus": 1})], seed=3)),
-        "pretokenized, 3 sources: StaticMixture 0.5/0.3/0.2": lambda: pipeline(StaticMixture(sources(files, False), list(WEIGHTS.values()), seed=3)),
+        "pretokenized, 1 source: StagedMixture, one stage (same data)": lambda: pipeline(
+            StagedMixture(one, [Stage({"corpus": 1})], seed=3)
+        ),
+        "pretokenized, 3 sources: StaticMixture 0.5/0.3/0.2": lambda: pipeline(
+            StaticMixture(sources(files, False), list(WEIGHTS.values()), seed=3)
+        ),
         "pretokenized, 3 sources: StagedMixture, one stage by documents (same data)": lambda: pipeline(
-            StagedMixture(sources(files, False), [Stage(dict(WEIGHTS))], seed=3)),
+            StagedMixture(sources(files, False), [Stage(dict(WEIGHTS))], seed=3)
+        ),
         "pretokenized, 3 sources: StaticMixture, document weights for the same token shares": lambda: pipeline(
-            StaticMixture(sources(files, False), same_shares, seed=3)),
-        "pretokenized, 3 sources: StagedMixture, one stage by tokens": lambda: pipeline(StagedMixture(sources(files, False), by_tokens, seed=3)),
-        "pretokenized, 3 sources: StagedMixture, 3 stages": lambda: pipeline(StagedMixture(sources(files, False), three, seed=3)),
+            StaticMixture(sources(files, False), same_shares, seed=3)
+        ),
+        "pretokenized, 3 sources: StagedMixture, one stage by tokens": lambda: pipeline(
+            StagedMixture(sources(files, False), by_tokens, seed=3)
+        ),
+        "pretokenized, 3 sources: StagedMixture, 3 stages": lambda: pipeline(
+            StagedMixture(sources(files, False), three, seed=3)
+        ),
         "text, 1 source: StaticMixture": lambda: pipeline(StaticMixture(text, seed=3), tok),
-        "text, 1 source: StagedMixture, one stage (same data)": lambda: pipeline(StagedMixture(text, [Stage({"corpus": 1})], seed=3), tok),
+        "text, 1 source: StagedMixture, one stage (same data)": lambda: pipeline(
+            StagedMixture(text, [Stage({"corpus": 1})], seed=3), tok
+        ),
         "text, 3 sources: StaticMixture, document weights for the same token shares": lambda: pipeline(
-            StaticMixture(sources(files, True), same_shares, seed=3), tok),
+            StaticMixture(sources(files, True), same_shares, seed=3), tok
+        ),
         "text, 3 sources: StagedMixture, one stage by tokens (estimated)": lambda: pipeline(
-            StagedMixture(sources(files, True), by_tokens, seed=3, token_counter=count), tok),
+            StagedMixture(sources(files, True), by_tokens, seed=3, token_counter=count), tok
+        ),
     }
     got: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
     for _ in range(rounds):
         for k, make in cases.items():
             got[k].append(rate(make(), seconds))
-    return {k: {"batches_per_s": round(statistics.median(w for w, _ in v), 1), "batches_per_cpu_s": round(statistics.median(c for _, c in v), 1),
-                "rounds_cpu": [round(c, 1) for _, c in v]} for k, v in got.items()}
+    return {
+        k: {
+            "batches_per_s": round(statistics.median(w for w, _ in v), 1),
+            "batches_per_cpu_s": round(statistics.median(c for _, c in v), 1),
+            "rounds_cpu": [round(c, 1) for _, c in v],
+        }
+        for k, v in got.items()
+    }
 
 
 def measure_cost() -> dict:
@@ -220,7 +260,10 @@ def measure_cost() -> dict:
     big = [_Lengths(n, lengths, "a"), _Lengths(n // 2, lengths[: n // 2], "b")]
     static = StaticMixture(big, [0.6, 0.4], seed=1, chunk_size=64)
     staged = StagedMixture(big, [Stage({"a": 0.6, "b": 0.4}, weight_by="tokens")], seed=1, chunk_size=64)
-    out = {"index_build_ms_per_million_documents": round(build_ms, 1), "index_bytes_per_epoch_per_million_documents": int(1e6 / token_index.BLOCK * 8)}
+    out = {
+        "index_build_ms_per_million_documents": round(build_ms, 1),
+        "index_bytes_per_epoch_per_million_documents": int(1e6 / token_index.BLOCK * 8),
+    }
     for label, ws in (("static", static), ("staged_tokens", staged)):
         ws.chunks(list(range(32)))
         t0 = time.perf_counter()
@@ -261,7 +304,14 @@ def main() -> None:
     tok = Tokenizer.from_file(paths["tokenizer"])
     steps = 120 if a.quick else 700
     res = {
-        "setup": {"seq_len": SEQ_LEN, "batch": BATCH, "canonical_replicas": C, "steps": steps, "weights": WEIGHTS, "corpus": meta["key"]},
+        "setup": {
+            "seq_len": SEQ_LEN,
+            "batch": BATCH,
+            "canonical_replicas": C,
+            "steps": steps,
+            "weights": WEIGHTS,
+            "corpus": meta["key"],
+        },
         "shares": measure_shares(files, tok, steps),
         "boundary": measure_boundary(files),
         "throughput": measure_throughput(files, paths, tok, 1 if a.quick else 5, 1.0 if a.quick else 3.0),

@@ -29,10 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))  # bench/ is a folder of scripts, not a package
+import corpus
 
-import corpus  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SEQ_LEN, BATCH, CHUNK, SEED = 512, 8, 256, 7
 
@@ -87,7 +86,9 @@ def zephon_side(folder: Path, tok: Any, seconds: float) -> dict[str, Any]:
     rnd = np.random.default_rng(SEED).permutation(n).tolist()
     out["sequential"] = reads(ArrowSource(str(folder)).read, n, seq, seconds / 4)
     out["random"] = reads(ArrowSource(str(folder)).read, n, rnd, seconds / 4)
-    p = Pipeline(StaticMixture([ArrowSource(str(folder))], seed=SEED, chunk_size=64)).tokenize(tok, eos_id=corpus.EOS_ID)
+    p = Pipeline(StaticMixture([ArrowSource(str(folder))], seed=SEED, chunk_size=64)).tokenize(
+        tok, eos_id=corpus.EOS_ID
+    )
     it = iter(p.pack(SEQ_LEN).batch(BATCH))
     next(it)
     rows, t0 = 0, time.perf_counter()
@@ -128,7 +129,9 @@ def many_shards(work: Path, shards: int) -> dict[str, Any]:
 
     folder = work / f"arrow-{shards}-shards"
     if not (folder / "state.json").exists():
-        t, _ = timed(lambda: saved(folder, [f"shard document {i}: " + "x" * (i % 50) for i in range(2 * shards)], shards))
+        t, _ = timed(
+            lambda: saved(folder, [f"shard document {i}: " + "x" * (i % 50) for i in range(2 * shards)], shards)
+        )
         log(f"save_to_disk wrote {shards} shards in {t:.1f}s")
     out: dict[str, Any] = {"shards": shards}
     out["zephon_index_s"], _ = timed(lambda: main(["index", str(folder), "--format", "arrow", "--no-progress"]))
@@ -163,7 +166,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default=str(ROOT / "bench" / ".work"))
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--shards", type=int, default=None, help="shards of the start-up case (default 10,000; --quick 1,000)")
+    ap.add_argument(
+        "--shards", type=int, default=None, help="shards of the start-up case (default 10,000; --quick 1,000)"
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     work = Path(a.work)
@@ -171,12 +176,20 @@ def main() -> None:
     res = run(work, a.quick, a.shards)
     z, d, m = res["zephon"], res["datasets"], res["many_shards"]
     for name, side in (("zephon", z), ("datasets", d)):
-        log(f"{name:8s} start-up {side['startup_s']:.3f}s  in order {side['sequential']['docs_per_s']:,.0f} docs/s "
-            f"({side['sequential']['mb_per_s']:.0f} MB/s)  random {side['random']['docs_per_s']:,.0f} docs/s")
-    log(f"zephon start-up from its manifest {z['startup_manifest_s']:.3f}s; tokens/s: zephon pipeline {z['pipeline_tokens_per_s']:,.0f}, "
-        f"datasets + tokenizer {d['tokenize_tokens_per_s']:,.0f}")
-    log(f"{m['shards']} shards: zephon with manifest {m['zephon_manifest_startup_s']:.2f}s, without {m['zephon_no_manifest_startup_s']:.2f}s, "
-        f"load_from_disk {m['datasets_load_from_disk_s']:.2f}s (zephon index {m['zephon_index_s']:.2f}s)")
+        log(
+            f"{name:8s} start-up {side['startup_s']:.3f}s  in order {side['sequential']['docs_per_s']:,.0f} docs/s "
+            f"({side['sequential']['mb_per_s']:.0f} MB/s)  random {side['random']['docs_per_s']:,.0f} docs/s"
+        )
+    log(
+        f"zephon start-up from its manifest {z['startup_manifest_s']:.3f}s; tokens/s: zephon pipeline "
+        f"{z['pipeline_tokens_per_s']:,.0f}, "
+        f"datasets + tokenizer {d['tokenize_tokens_per_s']:,.0f}"
+    )
+    log(
+        f"{m['shards']} shards: zephon with manifest {m['zephon_manifest_startup_s']:.2f}s, without "
+        f"{m['zephon_no_manifest_startup_s']:.2f}s, "
+        f"load_from_disk {m['datasets_load_from_disk_s']:.2f}s (zephon index {m['zephon_index_s']:.2f}s)"
+    )
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
     print("RESULT " + json.dumps(res), flush=True)

@@ -34,15 +34,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import corpus
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))  # bench/ is a folder of scripts, not a package
-
-import corpus  # noqa: E402
 
 SEQ_LEN, BATCH, SEED = 512, 8, 7
-SHARD_BYTES = {False: 1 << 22, True: 1 << 18}  # 4 MiB shards (256 KiB --quick; Streaming's default is 64 MiB): a dozen or two
+SHARD_BYTES = {
+    False: 1 << 22,
+    True: 1 << 18,
+}  # 4 MiB shards (256 KiB --quick; Streaming's default is 64 MiB): a dozen or two
 
 
 def write_corpus(work: Path, n_docs: int, compression: str | None, shard_bytes: int) -> tuple[Path, int, int]:
@@ -59,8 +60,13 @@ def write_corpus(work: Path, n_docs: int, compression: str | None, shard_bytes: 
     docs = corpus.generate_docs(n_docs, 20261129)
     tok = Tokenizer.from_file(str(corpus.TOKENIZER))
     total = 0
-    with MDSWriter(out=str(folder / "data"), columns={"text": "str", "tokens": "ndarray:int32"}, compression=compression,
-                   size_limit=shard_bytes, hashes=["xxh64"]) as w:
+    with MDSWriter(
+        out=str(folder / "data"),
+        columns={"text": "str", "tokens": "ndarray:int32"},
+        compression=compression,
+        size_limit=shard_bytes,
+        hashes=["xxh64"],
+    ) as w:
         for a in range(0, n_docs, 512):
             for text, enc in zip(docs[a : a + 512], tok.encode_batch(docs[a : a + 512], add_special_tokens=False)):
                 ids = np.asarray(enc.ids + [corpus.EOS_ID], dtype=np.int32)
@@ -78,7 +84,8 @@ def fresh_copy(src: Path, work: Path, name: str) -> Path:
 
 
 def zephon_row(data: Path, work: Path, name: str, tokens: bool, epoch_tokens: int) -> dict[str, Any]:
-    """One epoch through a pipeline; tokens/s counts the epoch's document tokens (EOS included), as Streaming's rows do."""
+    """One epoch through a pipeline; tokens/s counts the epoch's document tokens (EOS included), as Streaming's rows
+    do."""
     from tokenizers import Tokenizer
 
     from zephon_core import MdsSource, MdsTokensSource, Pipeline, StaticMixture
@@ -87,7 +94,11 @@ def zephon_row(data: Path, work: Path, name: str, tokens: bool, epoch_tokens: in
     shutil.rmtree(cache, ignore_errors=True)
     tok = Tokenizer.from_file(str(corpus.TOKENIZER))
     t0 = time.perf_counter()
-    src = MdsTokensSource(str(folder), "tokens", cache_dir=str(cache)) if tokens else MdsSource(str(folder), "text", cache_dir=str(cache))
+    src = (
+        MdsTokensSource(str(folder), "tokens", cache_dir=str(cache))
+        if tokens
+        else MdsSource(str(folder), "text", cache_dir=str(cache))
+    )
     ws = StaticMixture([src], seed=SEED, chunk_size=64, exhausted="stop")
     p = Pipeline(ws) if tokens else Pipeline(ws).tokenize(tok, eos_id=corpus.EOS_ID)
     p = p.pack(SEQ_LEN).batch(BATCH, drop_last=False)
@@ -99,12 +110,23 @@ def zephon_row(data: Path, work: Path, name: str, tokens: bool, epoch_tokens: in
         rows += int(b.input_ids.shape[0])
     wall = time.perf_counter() - t0
     p.close()
-    return {"startup_s": startup, "epoch_s": wall, "documents": len(src), "docs_per_s": len(src) / wall, "tokens_per_s": epoch_tokens / wall,
-            "tokens": epoch_tokens, "rows": rows, "shards": len(src.metas)}
+    return {
+        "startup_s": startup,
+        "epoch_s": wall,
+        "documents": len(src),
+        "docs_per_s": len(src) / wall,
+        "tokens_per_s": epoch_tokens / wall,
+        "tokens": epoch_tokens,
+        "rows": rows,
+        "shards": len(src.metas),
+    }
 
 
-def streaming_row(data: Path, work: Path, name: str, count: Callable[[list[dict[str, Any]]], int], shuffle: bool) -> dict[str, Any]:
-    """One epoch of ``StreamingDataset`` in this process; ``count`` takes the samples 64 at a time (the text rows batch-encode
+def streaming_row(
+    data: Path, work: Path, name: str, count: Callable[[list[dict[str, Any]]], int], shuffle: bool
+) -> dict[str, Any]:
+    """One epoch of ``StreamingDataset`` in this process; ``count`` takes the samples 64 at a time (the text rows
+    batch-encode
     them, as Zephon's tokenize stage does)."""
     from streaming import StreamingDataset
 
@@ -121,8 +143,14 @@ def streaming_row(data: Path, work: Path, name: str, count: Callable[[list[dict[
             n_docs, n_tokens, group = n_docs + len(group), n_tokens + count(group), []
     n_docs, n_tokens = n_docs + len(group), n_tokens + (count(group) if group else 0)
     wall = time.perf_counter() - t0
-    return {"startup_s": startup, "epoch_s": wall, "documents": n_docs, "docs_per_s": n_docs / wall, "tokens_per_s": n_tokens / wall,
-            "tokens": n_tokens}
+    return {
+        "startup_s": startup,
+        "epoch_s": wall,
+        "documents": n_docs,
+        "docs_per_s": n_docs / wall,
+        "tokens_per_s": n_tokens / wall,
+        "tokens": n_tokens,
+    }
 
 
 def many_shards(work: Path, shards: int) -> dict[str, Any]:
@@ -150,8 +178,13 @@ def many_shards(work: Path, shards: int) -> dict[str, Any]:
     built = time.perf_counter() - t0
     assert ds[len(ds) - 1]["text"] == last
     streaming_s = time.perf_counter() - t0
-    return {"shards": len(src.metas), "zephon_source_s": ready, "zephon_first_document_s": zephon_s,
-            "streaming_dataset_s": built, "streaming_first_sample_s": streaming_s}
+    return {
+        "shards": len(src.metas),
+        "zephon_source_s": ready,
+        "zephon_first_document_s": zephon_s,
+        "streaming_dataset_s": built,
+        "streaming_first_sample_s": streaming_s,
+    }
 
 
 def run(work: Path, quick: bool, compression: str | None, shards: int) -> dict[str, Any]:
@@ -163,19 +196,31 @@ def run(work: Path, quick: bool, compression: str | None, shards: int) -> dict[s
     tok = Tokenizer.from_file(str(corpus.TOKENIZER))
 
     def text_tokens(samples: list[dict[str, Any]]) -> int:
-        return sum(len(e.ids) + 1 for e in tok.encode_batch([s["text"] for s in samples], add_special_tokens=False))  # + EOS, as the pipeline adds
+        return sum(
+            len(e.ids) + 1 for e in tok.encode_batch([s["text"] for s in samples], add_special_tokens=False)
+        )  # + EOS, as the pipeline adds
 
     rows = {
         "zephon_text": zephon_row(data, work, "zephon-text", False, total),
         "streaming_text": streaming_row(data, work, "streaming-text", text_tokens, shuffle=False),
         "streaming_text_shuffled": streaming_row(data, work, "streaming-text-shuffled", text_tokens, shuffle=True),
         "zephon_tokens": zephon_row(data, work, "zephon-tokens", True, total),
-        "streaming_tokens": streaming_row(data, work, "streaming-tokens", lambda ss: sum(len(s["tokens"]) for s in ss), shuffle=False),
+        "streaming_tokens": streaming_row(
+            data, work, "streaming-tokens", lambda ss: sum(len(s["tokens"]) for s in ss), shuffle=False
+        ),
     }
     for name, row in rows.items():
         assert row["documents"] == n and row["tokens"] == total, (name, row, n, total)
-    return {"documents": n, "tokens": total, "compression": compression or "none", "shard_bytes": SHARD_BYTES[quick], "seq_len": SEQ_LEN,
-            "batch": BATCH, "rows": rows, "startup_at_shards": many_shards(work, shards)}
+    return {
+        "documents": n,
+        "tokens": total,
+        "compression": compression or "none",
+        "shard_bytes": SHARD_BYTES[quick],
+        "seq_len": SEQ_LEN,
+        "batch": BATCH,
+        "rows": rows,
+        "startup_at_shards": many_shards(work, shards),
+    }
 
 
 def main() -> None:
@@ -183,17 +228,26 @@ def main() -> None:
     ap.add_argument("--work", default=str(ROOT / "bench" / ".work"))
     ap.add_argument("--quick", action="store_true", help="2,000 documents and 1,000 shards")
     ap.add_argument("--compression", default="zstd", help="as MDSWriter takes it (zstd, zstd:7, gz, ...) or none")
-    ap.add_argument("--shards", type=int, default=None, help="the start-up case's shard count (default 10,000; --quick 1,000)")
+    ap.add_argument(
+        "--shards", type=int, default=None, help="the start-up case's shard count (default 10,000; --quick 1,000)"
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     shards = a.shards or (1_000 if a.quick else 10_000)
     res = run(Path(a.work) / "format_mds", a.quick, None if a.compression == "none" else a.compression, shards)
     for name, r in res["rows"].items():
-        print(f"# {name:24s} start-up {r['startup_s']:6.2f} s  {r['docs_per_s']:9.0f} docs/s  {r['tokens_per_s'] / 1e6:6.2f} M tokens/s",
-              file=sys.stderr)
+        print(
+            f"# {name:24s} start-up {r['startup_s']:6.2f} s  {r['docs_per_s']:9.0f} docs/s  "
+            f"{r['tokens_per_s'] / 1e6:6.2f} M tokens/s",
+            file=sys.stderr,
+        )
     s = res["startup_at_shards"]
-    print(f"# {s['shards']} shards: zephon source {s['zephon_source_s']:.2f} s (last document {s['zephon_first_document_s']:.2f} s), "
-          f"StreamingDataset {s['streaming_dataset_s']:.2f} s (last sample {s['streaming_first_sample_s']:.2f} s)", file=sys.stderr)
+    print(
+        f"# {s['shards']} shards: zephon source {s['zephon_source_s']:.2f} s (last document "
+        f"{s['zephon_first_document_s']:.2f} s), "
+        f"StreamingDataset {s['streaming_dataset_s']:.2f} s (last sample {s['streaming_first_sample_s']:.2f} s)",
+        file=sys.stderr,
+    )
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
     print("RESULT " + json.dumps(res), flush=True)

@@ -38,12 +38,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import corpus
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests")]  # bench/ and tests/ are folders of scripts
 
-import corpus  # noqa: E402
-
-# P8's shape: 16 pairs of ~5 MB (80 MB), blocks of ~1 MB in windows of 4, 4 lanes, a 24 MB page pool (the windows fit, a third of the corpus).
+# P8's shape: 16 pairs of ~5 MB (80 MB), blocks of ~1 MB in windows of 4, 4 lanes, a 24 MB page pool (the windows
+# fit, a third of the corpus).
 SHARDS, JOIN, BLOCK, WINDOW, LANES, SEQ_LEN, BATCH = 16, 6, 256, 4, 4, 512, 8
 LATENCY_S, PAGE_POOL_MB, PEER_CHUNK, PEER_SECONDS, INDEXED = 0.02, 24, 1 << 20, 15.0, 500
 perf = time.perf_counter
@@ -107,7 +107,9 @@ def pipeline(src: Any, block: int | None, **options: Any) -> Any:
     from zephon_core import Pipeline, StaticMixture
 
     ws = StaticMixture([src], seed=11, chunk_size=32, block_size=block, block_window=WINDOW)
-    return Pipeline(ws).pack(SEQ_LEN).batch(BATCH).options(canonical_replicas=LANES, dp_degree=1, dp_group_id=0, **options)
+    return (
+        Pipeline(ws).pack(SEQ_LEN).batch(BATCH).options(canonical_replicas=LANES, dp_degree=1, dp_group_id=0, **options)
+    )
 
 
 def run(p: Any, batches: int) -> tuple[float, int]:
@@ -145,7 +147,8 @@ def peer_open(prefixes: list[str], cache: str, remote: bool) -> list[Any]:
 
 
 def peer_read(datasets: list[Any], order: list[int], seconds: float) -> tuple[float, int, int]:
-    """Documents in ``order`` (global numbers over ``datasets``), one ``get`` per sequence: seconds, tokens, documents."""
+    """Documents in ``order`` (global numbers over ``datasets``), one ``get`` per sequence: seconds, tokens,
+    documents."""
     import numpy as np
 
     starts = np.cumsum([0] + [len(d.document_indices) - 1 for d in datasets])
@@ -182,17 +185,24 @@ def reads(ep: Any, local: list[str], batches: int, cache: str) -> dict[str, Any]
         dt, tokens = run(pipeline(MegatronIndexedSource(local), block), batches)
         out[f"local_{mode}_tokens_per_s"] = tokens / dt
         with proxied(ep) as (proxy, so):
-            p = pipeline(MegatronIndexedSource(url, storage_options=so, access=Access(cache_dir=f"{cache}/z{mode}")), block)
+            p = pipeline(
+                MegatronIndexedSource(url, storage_options=so, access=Access(cache_dir=f"{cache}/z{mode}")), block
+            )
             proxy.reset_counts()
             dt, tokens = run(p, batches)
-            out[f"s3_{mode}_tokens_per_s"], out[f"s3_{mode}_gets_per_1m_tokens"] = tokens / dt, proxy.counts["GET"] / tokens * 1e6
+            out[f"s3_{mode}_tokens_per_s"], out[f"s3_{mode}_gets_per_1m_tokens"] = (
+                tokens / dt,
+                proxy.counts["GET"] / tokens * 1e6,
+            )
         out[f"{mode}_s3_over_local"] = out[f"s3_{mode}_tokens_per_s"] / out[f"local_{mode}_tokens_per_s"]
         order = chunk_order(MegatronIndexedSource(local), block, 20 * batches * BATCH)
         dt, tokens, n = peer_read(peer_open(local, "", False), order, PEER_SECONDS)
         out[f"peer_local_{mode}_tokens_per_s"] = tokens / dt
         with proxied(ep) as (proxy, so):
             saved = dict(os.environ)
-            os.environ.update(s3_env(proxy.endpoint(ep.bucket)))  # boto3 (the peer's client) reads its endpoint from here
+            os.environ.update(
+                s3_env(proxy.endpoint(ep.bucket))
+            )  # boto3 (the peer's client) reads its endpoint from here
             try:
                 datasets = peer_open([f"{url}/{Path(p).name}" for p in local], f"{cache}/m{mode}", True)
                 proxy.reset_counts()
@@ -200,17 +210,24 @@ def reads(ep: Any, local: list[str], batches: int, cache: str) -> dict[str, Any]
             finally:
                 os.environ.clear()
                 os.environ.update(saved)
-            out[f"peer_s3_{mode}_tokens_per_s"], out[f"peer_s3_{mode}_gets_per_1m_tokens"] = tokens / dt, proxy.counts["GET"] / tokens * 1e6
+            out[f"peer_s3_{mode}_tokens_per_s"], out[f"peer_s3_{mode}_gets_per_1m_tokens"] = (
+                tokens / dt,
+                proxy.counts["GET"] / tokens * 1e6,
+            )
             out[f"peer_s3_{mode}_documents"] = n
-        log(f"{mode}: zephon S3 {out[f's3_{mode}_tokens_per_s'] / 1e3:.0f} k tok/s ({out[f's3_{mode}_gets_per_1m_tokens']:.1f} GETs/1M), "
+        log(
+            f"{mode}: zephon S3 {out[f's3_{mode}_tokens_per_s'] / 1e3:.0f} k tok/s "
+            f"({out[f's3_{mode}_gets_per_1m_tokens']:.1f} GETs/1M), "
             f"local {out[f'local_{mode}_tokens_per_s'] / 1e3:.0f} k; "
             f"megatron S3 {out[f'peer_s3_{mode}_tokens_per_s'] / 1e3:.0f} k tok/s "
-            f"({out[f'peer_s3_{mode}_gets_per_1m_tokens']:.1f} GETs/1M)")
+            f"({out[f'peer_s3_{mode}_gets_per_1m_tokens']:.1f} GETs/1M)"
+        )
     return out
 
 
 def startup(ep: Any, local: list[str], cache: str) -> dict[str, Any]:
-    """Cold start-up through the 20 ms proxy: without a manifest, with one, and the peer; each with a fresh node cache."""
+    """Cold start-up through the 20 ms proxy: without a manifest, with one, and the peer; each with a fresh node
+    cache."""
     from support.s3_server import s3_env
 
     from zephon_core import MegatronIndexedSource
@@ -220,7 +237,9 @@ def startup(ep: Any, local: list[str], cache: str) -> dict[str, Any]:
     for name, manifest in (("no_manifest", False), ("manifest", True)):
         with proxied(ep) as (proxy, so):
             t0 = perf()
-            src = MegatronIndexedSource(url, storage_options=so, access=Access(manifest=manifest, cache_dir=f"{cache}/s{name}"))
+            src = MegatronIndexedSource(
+                url, storage_options=so, access=Access(manifest=manifest, cache_dir=f"{cache}/s{name}")
+            )
             out[f"startup_{name}_s"], out[f"startup_{name}_requests"] = perf() - t0, sum(proxy.counts.values())
             it = iter(pipeline(src, BLOCK))
             next(it)
@@ -262,15 +281,26 @@ def many(ep: Any, n: int, indexed: int, work: Path, cache: str) -> dict[str, Any
     b.finalize(tiny + ".idx")
     pair = {ext: Path(tiny + ext).read_bytes() for ext in (".idx", ".bin")}
     read = sorted({0, n // 3, (2 * n) // 3, n - 1})
-    upload(ep, {f"{folder}/p{k:05d}_text_document{ext}": data for folder, ks in (("many-head", range(indexed)), ("many", read))
-                for k in ks for ext, data in pair.items()})
+    upload(
+        ep,
+        {
+            f"{folder}/p{k:05d}_text_document{ext}": data
+            for folder, ks in (("many-head", range(indexed)), ("many", read))
+            for k in ks
+            for ext, data in pair.items()
+        },
+    )
     so = ep.storage_options
     out: dict[str, Any] = {"prefixes": n, "indexed_prefixes": indexed, "index_s": index(ep.url("many-head"), so)}
     head = MegatronIndexedSource(ep.url("many-head"), storage_options=so)
     entry = head.metas[0]
-    assert len({json.dumps({**m.to_json(), "name": "", "mtime": 0}, sort_keys=True) for m in head.metas}) == 1, "the pairs differ"
+    assert len({json.dumps({**m.to_json(), "name": "", "mtime": 0}, sort_keys=True) for m in head.metas}) == 1, (
+        "the pairs differ"
+    )
     metas = [replace(entry, name=f"p{k:05d}_text_document.idx") for k in range(n)]
-    manifest.write_manifest(FileSet(ep.filesystem(), f"{ep.bucket}/many", (), True), MegatronIndexedSource.kind, {}, metas)
+    manifest.write_manifest(
+        FileSet(ep.filesystem(), f"{ep.bucket}/many", (), True), MegatronIndexedSource.kind, {}, metas
+    )
     with proxied(ep) as (proxy, so):
         t0 = perf()
         src = MegatronIndexedSource(ep.url("many"), storage_options=so, access=Access(cache_dir=f"{cache}/many"))
@@ -279,7 +309,10 @@ def many(ep: Any, n: int, indexed: int, work: Path, cache: str) -> dict[str, Any
         proxy.reset_counts()
         t0 = perf()
         assert [d.tolist() for d in src.read([4 * k + 3 for k in read])] == [list(range(30, 80))] * len(read)
-        out["reads_s_per_prefix"], out["requests_per_prefix_read"] = (perf() - t0) / len(read), sum(proxy.counts.values()) / len(read)
+        out["reads_s_per_prefix"], out["requests_per_prefix_read"] = (
+            (perf() - t0) / len(read),
+            sum(proxy.counts.values()) / len(read),
+        )
     return out
 
 
@@ -287,7 +320,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default=str(ROOT / "bench" / ".work"))
     ap.add_argument("--quick", action="store_true", help="250 batches, 1,000 prefixes (200 indexed)")
-    ap.add_argument("--prefixes", type=int, default=None, help="pairs of the many-prefix start-up (default 10,000; --quick 1,000)")
+    ap.add_argument(
+        "--prefixes", type=int, default=None, help="pairs of the many-prefix start-up (default 10,000; --quick 1,000)"
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     from support.s3_server import S3Server
@@ -300,17 +335,28 @@ def main() -> None:
     batches = 250 if a.quick else 1000
     n = a.prefixes or (1000 if a.quick else 10_000)
     remote.PAGES.budget_bytes = PAGE_POOL_MB << 20  # under the corpus (~14 MB), as 256 MiB is under any real one
-    res: dict[str, Any] = {"latency_ms": LATENCY_S * 1e3, "batches": batches, "page_pool_mb": PAGE_POOL_MB, "prefixes_of_corpus": SHARDS,
-                           "peer": "megatron.core IndexedDataset + ObjectStorageConfig", "peer_bin_chunk_nbytes": PEER_CHUNK}
+    res: dict[str, Any] = {
+        "latency_ms": LATENCY_S * 1e3,
+        "batches": batches,
+        "page_pool_mb": PAGE_POOL_MB,
+        "prefixes_of_corpus": SHARDS,
+        "peer": "megatron.core IndexedDataset + ObjectStorageConfig",
+        "peer_bin_chunk_nbytes": PEER_CHUNK,
+    }
     with tempfile.TemporaryDirectory() as cache, S3Server(bucket="zephon-bench", mode="process") as ep:
         upload(ep, {f"p8m/{Path(p).name}{ext}": Path(p + ext).read_bytes() for p in local for ext in (".idx", ".bin")})
         res.update(reads(ep, local, batches, cache))
         index(ep.url("p8m"), ep.storage_options)
         res.update(startup(ep, local, cache))
-        log(f"start-up: no manifest {res['startup_no_manifest_s']:.2f} s, manifest {res['startup_manifest_s']:.2f} s, "
-            f"megatron {res['peer_startup_s']:.2f} s")
+        log(
+            f"start-up: no manifest {res['startup_no_manifest_s']:.2f} s, manifest {res['startup_manifest_s']:.2f} s, "
+            f"megatron {res['peer_startup_s']:.2f} s"
+        )
         res["many"] = many(ep, n, min(n, 200 if a.quick else INDEXED), Path(cache), cache)
-        log(f"{n} prefixes: manifest start-up {res['many']['manifest_startup_s']:.2f} s in {res['many']['manifest_startup_requests']} requests")
+        log(
+            f"{n} prefixes: manifest start-up {res['many']['manifest_startup_s']:.2f} s in "
+            f"{res['many']['manifest_startup_requests']} requests"
+        )
     res["loadavg"] = os.getloadavg()
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))

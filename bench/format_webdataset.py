@@ -31,10 +31,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))  # bench/ is a folder of scripts, not a package
+import corpus
 
-import corpus  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SEQ_LEN, BATCH, SEED, TOKENIZE_BATCH = 512, 8, 20261129, 64
 VERSION = 1
@@ -62,8 +61,10 @@ def write_corpus(work: Path, n_docs: int, per_shard: int) -> Path:
                 w.write({"__key__": f"{i:08d}", "txt": text, "json": {"id": i, "chars": len(text)}, "cls": i % 7})
         t1 = perf()
         assert main(["index", str(folder), "--format", "webdataset", "--no-progress"]) == 0
-        log(f"wrote {n_docs} documents as {len(list(folder.glob('*.tar')))} shards ({t1 - t0:.1f} s), "
-            f"zephon index {perf() - t1:.1f} s")
+        log(
+            f"wrote {n_docs} documents as {len(list(folder.glob('*.tar')))} shards ({t1 - t0:.1f} s), "
+            f"zephon index {perf() - t1:.1f} s"
+        )
         done.touch()
     return folder
 
@@ -86,12 +87,20 @@ def zephon_epoch(folder: Path, tok: Any, cache: str) -> dict[str, float]:
         tokens += b.input_ids.size
     seconds = perf() - t1
     p.close()
-    return {"startup_s": startup, "source_open_s": opened, "documents": len(src), "epoch_s": seconds + startup,
-            "docs_per_s": len(src) / (seconds + startup), "tokens_per_s": tokens / (seconds + startup), "tokens": tokens}
+    return {
+        "startup_s": startup,
+        "source_open_s": opened,
+        "documents": len(src),
+        "epoch_s": seconds + startup,
+        "docs_per_s": len(src) / (seconds + startup),
+        "tokens_per_s": tokens / (seconds + startup),
+        "tokens": tokens,
+    }
 
 
 def packed_rows(ids: Iterator[list[int]]) -> Iterator[list[int]]:
-    """Greedy concatenation into rows of SEQ_LEN + 1 tokens (inputs and the shifted labels), as zephon's concat packer."""
+    """Greedy concatenation into rows of SEQ_LEN + 1 tokens (inputs and the shifted labels), as zephon's concat
+    packer."""
     buf: list[int] = []
     for doc in ids:
         buf.extend(doc)
@@ -134,8 +143,14 @@ def webdataset_epoch(urls: list[str], tok: Any) -> dict[str, float]:
             batch = []
             startup = perf() - t0 if startup is None else startup
     seconds = perf() - t0
-    return {"startup_s": float(startup or seconds), "documents": counted[0], "epoch_s": seconds,
-            "docs_per_s": counted[0] / seconds, "tokens_per_s": tokens / seconds, "tokens": tokens}
+    return {
+        "startup_s": float(startup or seconds),
+        "documents": counted[0],
+        "epoch_s": seconds,
+        "docs_per_s": counted[0] / seconds,
+        "tokens_per_s": tokens / seconds,
+        "tokens": tokens,
+    }
 
 
 def read_only(folder: Path, urls: list[str], cache: str) -> dict[str, dict[str, float]]:
@@ -147,7 +162,9 @@ def read_only(folder: Path, urls: list[str], cache: str) -> dict[str, dict[str, 
 
     src = WebDatasetSource(str(folder), access=Access(cache_dir=cache))
     t0 = perf()
-    chars = sum(len(d.encode()) for a in range(0, len(src), 64) for d in src.read(list(range(a, min(a + 64, len(src))))))
+    chars = sum(
+        len(d.encode()) for a in range(0, len(src), 64) for d in src.read(list(range(a, min(a + 64, len(src)))))
+    )
     z = perf() - t0
     t0 = perf()
     n, size = 0, 0
@@ -155,8 +172,10 @@ def read_only(folder: Path, urls: list[str], cache: str) -> dict[str, dict[str, 
         n, size = n + 1, size + len(s["txt"].decode("utf-8").encode())
     w = perf() - t0
     assert (n, size) == (len(src), chars), "the two loaders read different documents"
-    return {"zephon": {"docs_per_s": n / z, "mb_per_s": size / z / 1e6},
-            "webdataset": {"docs_per_s": n / w, "mb_per_s": size / w / 1e6}}
+    return {
+        "zephon": {"docs_per_s": n / z, "mb_per_s": size / z / 1e6},
+        "webdataset": {"docs_per_s": n / w, "mb_per_s": size / w / 1e6},
+    }
 
 
 def many_shards(work: Path, n: int, cache: str) -> dict[str, float]:
@@ -195,7 +214,11 @@ def many_shards(work: Path, n: int, cache: str) -> dict[str, float]:
         t0 = perf()
         next(iter(wds.WebDataset(pattern, shardshuffle=False)))
         theirs.append(perf() - t0)
-    out = {"shards": n, "zephon_startup_s": statistics.median(times), "webdataset_first_sample_s": statistics.median(theirs)}
+    out = {
+        "shards": n,
+        "zephon_startup_s": statistics.median(times),
+        "webdataset_first_sample_s": statistics.median(theirs),
+    }
     return out if index_s is None else {**out, "zephon_index_s": index_s}
 
 
@@ -211,9 +234,16 @@ def run(work: Path, quick: bool) -> dict[str, Any]:
         return _measure(work, folder, urls, tok, cache, n_docs, n_many)
 
 
-def _measure(work: Path, folder: Path, urls: list[str], tok: Any, cache: str, n_docs: int, n_many: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"documents": n_docs, "shards": len(urls), "bytes": sum(Path(u).stat().st_size for u in urls),
-                           "seq_len": SEQ_LEN, "batch": BATCH}
+def _measure(
+    work: Path, folder: Path, urls: list[str], tok: Any, cache: str, n_docs: int, n_many: int
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "documents": n_docs,
+        "shards": len(urls),
+        "bytes": sum(Path(u).stat().st_size for u in urls),
+        "seq_len": SEQ_LEN,
+        "batch": BATCH,
+    }
     out["webdataset"] = webdataset_epoch(urls, tok)  # first: it warms the page cache for both
     out["zephon"] = zephon_epoch(folder, tok, cache)
     assert out["zephon"]["documents"] == out["webdataset"]["documents"] == n_docs
@@ -226,16 +256,25 @@ def _measure(work: Path, folder: Path, urls: list[str], tok: Any, cache: str, n_
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default=str(ROOT / "bench" / ".work"))
-    ap.add_argument("--quick", action="store_true", help="2,000 documents and 1,000 shards instead of 20,000 and 10,000")
+    ap.add_argument(
+        "--quick", action="store_true", help="2,000 documents and 1,000 shards instead of 20,000 and 10,000"
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     res = run(Path(a.work), a.quick)
     for name in ("zephon", "webdataset"):
         r = res[name]
-        log(f"{name:10s} start-up {r['startup_s']:.3f} s  {r['docs_per_s']:8.0f} docs/s  {r['tokens_per_s'] / 1e6:6.2f} M tokens/s  "
-            f"read only {res['read_only'][name]['docs_per_s']:8.0f} docs/s {res['read_only'][name]['mb_per_s']:6.1f} MB/s")
+        log(
+            f"{name:10s} start-up {r['startup_s']:.3f} s  {r['docs_per_s']:8.0f} docs/s  "
+            f"{r['tokens_per_s'] / 1e6:6.2f} M tokens/s  "
+            f"read only {res['read_only'][name]['docs_per_s']:8.0f} docs/s "
+            f"{res['read_only'][name]['mb_per_s']:6.1f} MB/s"
+        )
     m = res["many_shards"]
-    log(f"{m['shards']} shards: zephon start-up {m['zephon_startup_s']:.3f} s, webdataset first sample {m['webdataset_first_sample_s']:.3f} s")
+    log(
+        f"{m['shards']} shards: zephon start-up {m['zephon_startup_s']:.3f} s, webdataset first sample "
+        f"{m['webdataset_first_sample_s']:.3f} s"
+    )
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
     print("RESULT " + json.dumps(res), flush=True)

@@ -11,11 +11,13 @@ documents, ``exhausted="stop"``), at seq_len 2048 and 8192:
 
 Per mode: ``padding`` (pad tokens / row tokens), ``cut`` (documents split across rows / documents),
 ``fitting_cut`` (documents of at most a row split: the fit modes' promise is 0), tokens/s (delivered
-tokens per wall second, whole pipeline; the median of 5 interleaved passes) and its ratio to concat. The goals (reported, never asserted):
+tokens per wall second, whole pipeline; the median of 5 interleaved passes) and its ratio to concat. The goals
+(reported, never asserted):
 padding <= 2% at seq_len 8192 with a window of 1024 documents, no fitting document cut, tokens/s >= 0.8
 of concat. Where a Python with Grain is found (``--grain-python``, or the bench peers venv), Grain's
 ``FirstFitPackIterDataset`` packs the same documents (the same lengths, in the lane's order, longer ones
-split into pieces of a row as ``overlong="split"`` does) into as many bins as best_fit's windows made rows on average, and its padding is reported beside ours.
+split into pieces of a row as ``overlong="split"`` does) into as many bins as best_fit's windows made rows on
+average, and its padding is reported beside ours.
 Prints one ``RESULT {json}`` line.
 """
 
@@ -31,13 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import corpus
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))  # bench/ is a folder of scripts, not a package
-sys.path.insert(0, str(ROOT))
-
-import corpus  # noqa: E402
 
 MODES = ("concat", "pad", "first_fit", "best_fit")
 SEQ_LENS = (2048, 8192)
@@ -51,7 +50,8 @@ import grain
 lengths = np.load(sys.argv[1]); W = int(sys.argv[2]); bins = int(sys.argv[3])
 pieces = [min(W, int(n) - a) for n in lengths for a in range(0, int(n), W)]  # longer documents split, as ours
 ds = grain.MapDataset.source([np.ones(n, np.int32) for n in pieces]).map(lambda x: {"inputs": x}).to_iter_dataset()
-ds = grain.experimental.FirstFitPackIterDataset(ds, length_struct={"inputs": W}, num_packing_bins=bins, shuffle_bins=False)
+ds = grain.experimental.FirstFitPackIterDataset(ds, length_struct={"inputs": W}, num_packing_bins=bins,
+    shuffle_bins=False)
 import time
 rows = kept = 0
 t0 = time.perf_counter()
@@ -74,7 +74,9 @@ def bench_documents(work: Path, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
 
     tok = Tokenizer.from_file(str(corpus.TOKENIZER))
     docs = corpus.generate_docs(n_docs, 20261129)
-    ids = [np.asarray(e.ids + [corpus.EOS_ID], dtype=np.int32) for e in tok.encode_batch(docs, add_special_tokens=False)]
+    ids = [
+        np.asarray(e.ids + [corpus.EOS_ID], dtype=np.int32) for e in tok.encode_batch(docs, add_special_tokens=False)
+    ]
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
     tokens = np.concatenate(ids)
     work.mkdir(parents=True, exist_ok=True)
@@ -114,9 +116,14 @@ def run_mode(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, mode: str, w
     cut_docs = np.unique(seg[seg[:, 3] > 0, 2])
     docs = int(np.count_nonzero(seg[:, 3] == 0))
     return {
-        "rows": rows, "tokens": filled, "padding": 1 - filled / (rows * W), "documents": docs,
-        "cut": len(cut_docs) / docs if docs else 0.0, "fitting_cut": int(np.count_nonzero(lengths[cut_docs] <= W)),
-        "tokens_per_s": timed / wall if wall else 0.0, "wall_s": wall,
+        "rows": rows,
+        "tokens": filled,
+        "padding": 1 - filled / (rows * W),
+        "documents": docs,
+        "cut": len(cut_docs) / docs if docs else 0.0,
+        "fitting_cut": int(np.count_nonzero(lengths[cut_docs] <= W)),
+        "tokens_per_s": timed / wall if wall else 0.0,
+        "wall_s": wall,
         "order": seg[seg[:, 3] == 0, 2] if mode == "concat" else None,  # documents in lane order (concat keeps it)
     }
 
@@ -131,7 +138,9 @@ def grain_python(given: str | None) -> str | None:
 def grain_first_fit(py: str, lengths: np.ndarray, W: int, bins: int, work: Path) -> dict[str, Any]:
     path = work / "packing-grain-lengths.npy"
     np.save(path, lengths)
-    out = subprocess.run([py, "-c", GRAIN_SCRIPT, str(path), str(W), str(bins)], capture_output=True, text=True, timeout=1800)
+    out = subprocess.run(
+        [py, "-c", GRAIN_SCRIPT, str(path), str(W), str(bins)], capture_output=True, text=True, timeout=1800
+    )
     if out.returncode:
         lines = [x for x in out.stderr.splitlines() if "Error" in x] or [f"exit {out.returncode}"]
         return {"error": lines[-1]}
@@ -178,12 +187,22 @@ def main() -> None:
         print(f"# {name}", file=sys.stderr)
         for m in MODES:
             c = case[m]
-            print(f"#   {m:10s} padding {c['padding']:7.2%}  cut {c['cut']:6.2%}  fitting cut {c['fitting_cut']:5d}  "
-                  f"{c['tokens_per_s'] / 1e6:7.1f} M tok/s ({c['speed_vs_concat']:.2f} of concat)", file=sys.stderr)
+            print(
+                f"#   {m:10s} padding {c['padding']:7.2%}  cut {c['cut']:6.2%}  fitting cut {c['fitting_cut']:5d}  "
+                f"{c['tokens_per_s'] / 1e6:7.1f} M tok/s ({c['speed_vs_concat']:.2f} of concat)",
+                file=sys.stderr,
+            )
         g = case.get("grain_first_fit")
         if g:
-            text = (f"padding {g['padding']:7.2%}  bins {g['bins']}  kept {g['kept_tokens']} of {g['input_tokens']} tokens  "
-                    f"{g['tokens_per_s'] / 1e6:7.1f} M tok/s") if "error" not in g else g["error"]
+            text = (
+                (
+                    f"padding {g['padding']:7.2%}  bins {g['bins']}  kept {g['kept_tokens']} of "
+                    f"{g['input_tokens']} tokens  "
+                    f"{g['tokens_per_s'] / 1e6:7.1f} M tok/s"
+                )
+                if "error" not in g
+                else g["error"]
+            )
             print(f"#   grain first-fit {text}", file=sys.stderr)
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))

@@ -30,7 +30,14 @@ def colour(name: str) -> str:
 def footer(fig, R: dict) -> None:
     m = R["machine"]
     la = m["loadavg_start"]
-    fig.text(0.01, 0.005, f"{m['nproc']}-CPU shared VM, load avg {la[0]:.1f} at start, {R['loadavg_end'][0]:.1f} at end; `{R['command']}`", fontsize=7, color="#555")
+    fig.text(
+        0.01,
+        0.005,
+        f"{m['nproc']}-CPU shared VM, load avg {la[0]:.1f} at start, {R['loadavg_end'][0]:.1f} at end; "
+        f"`{R['command']}`",
+        fontsize=7,
+        color="#555",
+    )
 
 
 def with_before(R: dict, key: str, field: str) -> list[tuple[str, dict]]:
@@ -100,13 +107,34 @@ def p3(R: dict, out: Path) -> str:
     xs = range(len(rows))
     w = 0.38
     before = ["(before" in k for k, _ in rows]
-    ax.bar([x - w / 2 for x in xs], [v["early_ms"] for _, v in rows], w, label="early position", color="#7fb8b5",
-           hatch=["//" if b else "" for b in before], edgecolor="white")
-    ax.bar([x + w / 2 for x in xs], [v["late_ms"] for _, v in rows], w, label="late position", color=ZC,
-           hatch=["//" if b else "" for b in before], edgecolor="white")
+    ax.bar(
+        [x - w / 2 for x in xs],
+        [v["early_ms"] for _, v in rows],
+        w,
+        label="early position",
+        color="#7fb8b5",
+        hatch=["//" if b else "" for b in before],
+        edgecolor="white",
+    )
+    ax.bar(
+        [x + w / 2 for x in xs],
+        [v["late_ms"] for _, v in rows],
+        w,
+        label="late position",
+        color=ZC,
+        hatch=["//" if b else "" for b in before],
+        edgecolor="white",
+    )
     ax.axhline(20, color="#c0392b", lw=1, ls="--", label="goal 20 ms")
     ax.set_yscale("log")
-    ax.set_xticks(list(xs), [k.replace(" (before", "\n(before").replace(" chunk_size", "\nchunk_size").replace(" (at", "\n(at") for k, _ in rows], fontsize=7)
+    ax.set_xticks(
+        list(xs),
+        [
+            k.replace(" (before", "\n(before").replace(" chunk_size", "\nchunk_size").replace(" (at", "\n(at")
+            for k, _ in rows
+        ],
+        fontsize=7,
+    )
     ax.set_ylabel("restore -> first batch, ms (log)")
     ax.set_title("P3 restore -> first batch (median; early = batch ~8, late = batch ~160; hatched: before)")
     ax.legend(fontsize=8)
@@ -127,12 +155,32 @@ def p4(R: dict, out: Path) -> str:
         pr = R["P4"].get(backend, {}).get("per_ranks", {})
         ns = sorted((int(n) for n, x in pr.items() if "warm_ms" in x))
         if ns:
-            ax.plot(ns, [pr[str(n)]["warm_ms"] for n in ns], style, label=f"{labels[backend]} (warm)", color=colours[backend])
-            ax.plot(ns, [pr[str(n)]["first_round_ms"] for n in ns], style, alpha=0.35, label=f"{labels[backend]} (first round)", color=colours[backend])
+            ax.plot(
+                ns,
+                [pr[str(n)]["warm_ms"] for n in ns],
+                style,
+                label=f"{labels[backend]} (warm)",
+                color=colours[backend],
+            )
+            ax.plot(
+                ns,
+                [pr[str(n)]["first_round_ms"] for n in ns],
+                style,
+                alpha=0.35,
+                label=f"{labels[backend]} (first round)",
+                color=colours[backend],
+            )
         pb = B.get("P4", {}).get(backend, {}).get("per_ranks", {})
         nb = sorted((int(n) for n, x in pb.items() if "warm_ms" in x))
         if nb:
-            ax.plot(nb, [pb[str(n)]["warm_ms"] for n in nb], ":" + style[-1], mfc="none", label=f"{labels[backend]} (warm, before {B['commit']})", color=colours[backend])
+            ax.plot(
+                nb,
+                [pb[str(n)]["warm_ms"] for n in nb],
+                ":" + style[-1],
+                mfc="none",
+                label=f"{labels[backend]} (warm, before {B['commit']})",
+                color=colours[backend],
+            )
     ax.plot([8], [150], "v", color="#c0392b", label="goals (8: 150 ms, 64: 1.5 s)")
     ax.plot([64], [1500], "v", color="#c0392b")
     ax.set_xscale("log", base=2)

@@ -14,17 +14,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # P8's corpus and block mode: 16 shards of ~5 MB; blocks of 512 documents (~1.2 MB), windows of 4 blocks.
 SHARDS, DOCS_PER_SHARD, BLOCK = 16, 2048, 512
-PAGE_POOL_MB = 24  # 4 lanes x a window of 4 blocks (~5 MB) fit; a tenth of the corpus would not help per-document order much
+PAGE_POOL_MB = (
+    24  # 4 lanes x a window of 4 blocks (~5 MB) fit; a tenth of the corpus would not help per-document order much
+)
 perf = time.perf_counter
 
 
@@ -35,7 +35,9 @@ def _shards(folder: Path, n_files: int, docs_per: int, text: str = "a short docu
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     for k in range(n_files):
-        (folder / f"part-{k:05d}.jsonl").write_text("".join(json.dumps({"text": f"{text} {k}-{j}"}) + "\n" for j in range(docs_per)))
+        (folder / f"part-{k:05d}.jsonl").write_text(
+            "".join(json.dumps({"text": f"{text} {k}-{j}"}) + "\n" for j in range(docs_per))
+        )
     marker.touch()
     return folder
 
@@ -61,7 +63,9 @@ def _write_manifest(path: str, storage_options: dict | None) -> float:
     from zephon_core.tools.cli import main
 
     t0 = perf()
-    args = ["index", path, "--no-progress"] + (["--storage-options", json.dumps(storage_options)] if storage_options else [])
+    args = ["index", path, "--no-progress"] + (
+        ["--storage-options", json.dumps(storage_options)] if storage_options else []
+    )
     assert main(args) == 0
     return perf() - t0
 
@@ -79,7 +83,6 @@ def _request_floor(ep: Any, prefix: str) -> float:
 
 def case_startup(a: dict) -> dict:
     """P7: 10,000 shards, cold and warm, local and S3."""
-    sys.path.insert(0, str(ROOT / "tests"))
     from support.s3_server import S3Server
 
     n = a.get("files", 10_000)
@@ -105,7 +108,9 @@ def case_startup(a: dict) -> dict:
             for k in range(2):
                 floors.append(_request_floor(ep, "p7"))
                 server.reset_stats()
-                colds.append(_timed_source(ep.url("p7"), cache_dir=f"{cache}/c{k}", storage_options=so, use_manifest=False)[0])
+                colds.append(
+                    _timed_source(ep.url("p7"), cache_dir=f"{cache}/c{k}", storage_options=so, use_manifest=False)[0]
+                )
                 served = server.stats()
             out["s3_floor_s"], out["s3_cold_s"], out["s3_cold_rounds_s"] = min(floors), min(colds), colds
             out["s3_cold_requests"] = {k: served.get(k, 0) for k in ("get", "list", "head")}
@@ -120,7 +125,13 @@ def _pipeline(src: Any, tok: Any, block: int | None, C: int = 4) -> Any:
     from zephon_core import Pipeline, StaticMixture
 
     ws = StaticMixture([src], seed=11, chunk_size=32, block_size=block, block_window=4)
-    return Pipeline(ws).tokenize(tok, eos_id=1).pack(512).batch(8).options(canonical_replicas=C, dp_degree=1, dp_group_id=0)
+    return (
+        Pipeline(ws)
+        .tokenize(tok, eos_id=1)
+        .pack(512)
+        .batch(8)
+        .options(canonical_replicas=C, dp_degree=1, dp_group_id=0)
+    )
 
 
 def _run(p: Any, batches: int) -> tuple[float, int]:
@@ -137,7 +148,6 @@ def _run(p: Any, batches: int) -> tuple[float, int]:
 
 def case_s3_reads(a: dict) -> dict:
     """P8: range GETs per 1M tokens and tokens/s with 20 ms per request, against local disk."""
-    sys.path.insert(0, str(ROOT / "tests"))
     from support.s3_proxy import S3Proxy
     from support.s3_server import S3Server
     from tokenizers import Tokenizer
@@ -151,8 +161,10 @@ def case_s3_reads(a: dict) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         for k in range(SHARDS):  # documents of ~2-3 KB of text (~400-600 tokens)
-            lines = [json.dumps({"text": " ".join(words[(k * 7 + j * 13 + i) % len(words)] for i in range(300 + j % 150))})
-                     for j in range(DOCS_PER_SHARD)]
+            lines = [
+                json.dumps({"text": " ".join(words[(k * 7 + j * 13 + i) % len(words)] for i in range(300 + j % 150))})
+                for j in range(DOCS_PER_SHARD)
+            ]
             (folder / f"part-{k:03d}.jsonl").write_text("\n".join(lines) + "\n")
         (folder / ".complete").touch()
     batches = a.get("batches", 60)
@@ -174,7 +186,9 @@ def case_s3_reads(a: dict) -> dict:
                 with S3Proxy(ep.endpoint_url, latency_s=0.02) as proxy:
                     so = proxy.endpoint(ep.bucket).storage_options
                     so["skip_instance_cache"] = True
-                    p = _pipeline(JsonlSource(ep.url("p8"), cache_dir=f"{cache}/s{mode}", storage_options=so), tok, block)
+                    p = _pipeline(
+                        JsonlSource(ep.url("p8"), cache_dir=f"{cache}/s{mode}", storage_options=so), tok, block
+                    )
                     proxy.reset_counts()
                     dt, tokens = _run(p, batches)
                     out[f"s3_{mode}_tokens_per_s"] = tokens / dt
@@ -183,35 +197,6 @@ def case_s3_reads(a: dict) -> dict:
     for mode in ("per_document", "blocks"):
         out[f"{mode}_s3_over_local"] = out[f"s3_{mode}_tokens_per_s"] / out[f"local_{mode}_tokens_per_s"]
     return out
-
-
-def numpy_zephon_order_copy(a: dict) -> Iterator[dict]:
-    """The P2 floor: the documents the zephon_core TokenArraySource pipeline delivers (its chunk
-    sequence for lane 0 of C=1), copied one slice each into [B, L+1] rows."""
-    import numpy as np
-
-    from zephon_core import StaticMixture, TokenArraySource
-
-    tokens = np.asarray(np.load(a["tokens"], mmap_mode="r"))
-    offsets = np.load(a["offsets"])
-    ws = StaticMixture([TokenArraySource(a["tokens"], a["offsets"])], seed=a["seed"], chunk_size=a.get("chunk_size", 64))
-    L, B = a["seq_len"] + 1, a["batch"]
-    need = L * B
-    # The order is computed before the first batch (the warm-up): the floor times the copy alone.
-    order = np.concatenate([c.documents for c in ws.chunks(list(range(a.get("chunks", 4000)))) if c is not None])
-    starts, ends = offsets[order].tolist(), offsets[order + 1].tolist()
-    pend: list = []
-    have = j = 0
-    while True:
-        while have < need:
-            s, e = starts[j % len(starts)], ends[j % len(starts)]
-            pend.append(tokens[s:e])
-            have += e - s
-            j += 1
-        flat = np.concatenate(pend)
-        rows = flat[:need].astype(np.int64).reshape(B, L)
-        pend, have = [flat[need:]], len(flat) - need
-        yield {"input_ids": rows[:, :-1], "labels": rows[:, 1:]}
 
 
 def main(name: str, a: dict) -> None:

@@ -30,10 +30,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))  # bench/ is a folder of scripts, not a package
+import corpus
 
-import corpus  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SEQ_LEN, BATCH, SEED = 512, 8, 7
 VARIANTS = ("off", "default", "stats", "stats_every_batch")

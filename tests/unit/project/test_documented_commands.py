@@ -29,7 +29,6 @@ RULES: list[tuple[str, str, str]] = [
     (r"^bash scripts/lint\.sh$", "exempt", "the first stage of scripts/test.sh"),
     (r"^bash bench/run\.sh", "exempt", "benchmarks take minutes each; docs/performance.md records their output and the command"),
     (r"\$ZEPHON_PY bench/(curriculum|aggregate_scale|cases|run|packing)\.py", "exempt", "benchmarks take minutes each; docs/performance.md records their output and the command"),
-    (r"^python bench/format_[a-z0-9_]+\.py( --quick)?$", "exempt", "a format's benchmark takes minutes; docs/formats.md records its output and the command"),
     (r"^ZEPHON_SOAK=1 ", "exempt", "the long soak, run by hand (docs/reliability.md records its result)"),
     (r"^PYTHONPATH=\S+ \$ZEPHON_PY -m pytest tests/reliability -q", "exempt", "the suite runs tests/reliability itself"),
     (r"^python script\.py$", "exempt", "prose: how Python runs a script"),

@@ -1,0 +1,43 @@
+"""The registry: every goal the bench measures, in the order it runs them and results.md shows them.
+
+Adding a goal is one module here (``GOAL = Goal(...)``, see bench/goal.py) and one line in ``REGISTRY``.
+"""
+
+from __future__ import annotations
+
+from goal import Goal
+
+from goals import (
+    p1_throughput,
+    p2_pretokenized,
+    p3_restore,
+    p4_aggregation,
+    p4s_scale,
+    p5_state,
+    p6_memory,
+    p7_startup,
+    p8_object_store,
+    p9_watching,
+    p10_formats,
+    profiles,
+)
+
+REGISTRY: list[Goal] = [
+    p1_throughput.GOAL,
+    p2_pretokenized.GOAL,
+    p3_restore.GOAL,
+    p4_aggregation.GOAL,
+    p4s_scale.GOAL,
+    p5_state.GOAL,
+    p6_memory.GOAL,
+    p7_startup.GOAL,
+    p8_object_store.GOAL,
+    p9_watching.GOAL,
+    p10_formats.GOAL,
+    profiles.GOAL,
+]
+
+
+def targets() -> dict[str, float]:
+    """Every goal's targets (results.json's ``goals_targets``)."""
+    return {k: v for g in REGISTRY for k, v in g.targets.items()}
