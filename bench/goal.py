@@ -13,7 +13,7 @@ A goal owns
 * ``command``: the command that measures it (the headline table of docs/performance.md shows it).
 
 ``script_goal`` makes a goal of standalone scripts that each print one ``RESULT {json}`` line
-(bench/stats_overhead.py, bench/packing.py, bench/format_*.py): see bench/README.md.
+(bench/stats_overhead.py for P9, bench/format_*.py for P10).
 """
 
 from __future__ import annotations

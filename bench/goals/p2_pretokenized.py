@@ -46,8 +46,9 @@ def _ratio(x: dict, ref: dict, key: str) -> float | None:
 def _row(name: str, x: dict, p2: dict, B: dict) -> str:
     npc, shuf = p2.get("NumPy copy", {}), p2.get("NumPy shuffled-document copy", {})
     b = B.get("P2", {}).get(name, {})
-    before = f" {b['tokens_per_s'] / 1e6:.2f}, {b['tokens_per_cpu_s'] / 1e6:.2f} |"
-    col = (before if "tokens_per_s" in b and name.startswith("zephon_core") else " - |") if B else ""
+    shown = "tokens_per_s" in b and name.startswith("zephon_core")
+    before = f" {b['tokens_per_s'] / 1e6:.2f}, {b['tokens_per_cpu_s'] / 1e6:.2f} |" if shown else " - |"
+    col = before if B else ""
     return (f"| {name} | {x['batches_per_s']:.0f} | {x['tokens_per_s'] / 1e6:.2f} | "
             f"{x['tokens_per_cpu_s'] / 1e6:.2f} | "
             f"{fmt(_ratio(x, npc, 'tokens_per_s'), '.4f')} | {fmt(_ratio(x, npc, 'tokens_per_cpu_s'), '.4f')} | "

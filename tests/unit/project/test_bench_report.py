@@ -138,3 +138,21 @@ def test_every_loader_module_implements_the_one_protocol(bench) -> None:
     assert {"zephon_core", "zephon020", "torchdata", "grain", "generator", "tokenizer_alone", "numpy_copy",
             "zephon_core_npy", "zephon_core_megatron"} <= names
     assert all(bench["all_loaders"][n].resume is not None for n in ("zephon_core", "zephon020", "torchdata", "grain"))
+
+
+def test_a_full_run_renders_beside_its_baseline_with_a_section_per_goal_it_measured(bench) -> None:
+    """bench/results/baseline.json is a full run (P1-P6): rendered beside the baseline summary, as
+    --report-only does, every measured goal has its section and "before" columns where the baseline kept a row."""
+    report = bench["report"]
+    R = json.loads((RESULTS / "baseline.json").read_text())
+    R["baseline"] = report.baseline_summary(report.load_baseline(RESULTS / "baseline.json"))
+    # A row the baseline summary does not keep (it keeps zephon_core's and the NumPy copy): "before" shows " - ".
+    R["P2"]["NumPy shuffled-document copy"] = dict(R["P2"]["NumPy copy"])
+    md = report.markdown(R)
+    for key in ("P1", "P2", "P3", "P4", "P5"):
+        assert f"\n## {key} " in md, key
+    p2 = md[md.index("\n## P2 "):].split("\n\n")[1].splitlines()
+    assert p2[0].startswith("| source |") and "before (7ae3dd9)" in p2[0]
+    assert all(line.count("|") == p2[0].count("|") for line in p2), p2
+    assert any(line.startswith("| NumPy shuffled-document copy |") and line.endswith(" - |") for line in p2)
+    assert report.headline(R).startswith(report.HEADLINE_START) and "| PASS |" in report.headline(R)
