@@ -30,3 +30,24 @@ def oversized(paths: Iterable[Path], root: Path) -> list[str]:
                 if len(attrs) > MAX_INSTANCE_ATTRIBUTES:
                     too_big.append(f"{rel}:{node.lineno} {node.name}: {len(attrs)} instance attributes")
     return too_big
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (module -> the modules it imports) as ``[a, b, ..., a]``, or ``[]``."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycle: list[str] = []
+
+    def visit(name: str, path: list[str]) -> None:
+        if cycle or state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle.extend(path[path.index(name):] + [name])
+            return
+        state[name] = 1
+        for nxt in sorted(graph.get(name, set()) - {name}):
+            visit(nxt, path + [name])
+        state[name] = 2
+
+    for name in sorted(graph):
+        visit(name, [])
+    return cycle

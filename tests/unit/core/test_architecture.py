@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from support.code_shape import oversized
+from support.code_shape import find_cycle, oversized
 
 CORE = Path(__file__).resolve().parents[3] / "zephon_core"
 
@@ -67,24 +67,7 @@ def test_no_import_cycles_between_modules():
     # Package __init__ files re-export their modules; an __init__ importing its own children is not a cycle.
     for name in graph:
         graph[name] = {i for i in graph[name] if not i.startswith(name + ".")}
-    seen: dict[str, int] = {}
-    cycle: list[str] = []
-
-    def visit(node: str, path: list[str]) -> None:
-        if cycle:
-            return
-        seen[node] = 1
-        for nxt in sorted(graph[node]):
-            if seen.get(nxt) == 1:
-                cycle.extend(path[path.index(nxt):] + [node, nxt] if nxt in path else [node, nxt])
-                return
-            if nxt not in seen:
-                visit(nxt, path + [node])
-        seen[node] = 2
-
-    for name in sorted(graph):
-        if name not in seen:
-            visit(name, [])
+    cycle = find_cycle(graph)
     assert not cycle, " -> ".join(cycle)
 
 

@@ -1,6 +1,6 @@
-"""The adapters keep the core's shape rules (tests/unit/core/test_architecture.py): no module, function or
-class outgrows the sizes in docs/architecture.md, nothing imports in a circle, and each adapter imports
-neither the other adapter nor the other framework."""
+"""The adapters and the bench keep the core's shape rules (tests/unit/core/test_architecture.py): no module,
+function or class outgrows the sizes in docs/architecture.md, nothing imports in a circle, and each adapter
+imports neither the other adapter nor the other framework."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from support.code_shape import oversized
+from support.code_shape import find_cycle, oversized
 
 ROOT = Path(__file__).resolve().parents[3]
 ADAPTERS = {
@@ -33,6 +33,29 @@ def test_no_module_class_or_function_of_the_adapters_outgrows_a_reader():
     assert not too_big, too_big
 
 
+def _bench_modules() -> dict[str, Path]:
+    """bench/'s own modules by import name (``goals.p1_throughput``), its caches and npm tree left out."""
+    bench = ROOT / "bench"
+    paths = [p for p in bench.rglob("*.py") if not {".work", "s3rver", "results"} & set(p.relative_to(bench).parts)]
+    return {".".join(p.relative_to(bench).with_suffix("").parts).removesuffix(".__init__"): p for p in paths}
+
+
+def test_no_module_class_or_function_of_the_bench_outgrows_a_reader():
+    modules = _bench_modules()
+    assert {"run", "report", "goals", "loaders"} <= set(modules), sorted(modules)
+    too_big = oversized(modules.values(), ROOT)
+    assert not too_big, too_big
+
+
+def test_no_import_cycles_between_the_bench_modules():
+    modules = _bench_modules()
+    # bench/ is a folder of scripts: a module imports its siblings by plain name (``import report``).
+    edges = {name: {m for m in _imports(p) if m in modules and not m.startswith(name + ".")}
+             for name, p in modules.items()}
+    cycle = find_cycle(edges)
+    assert not cycle, " -> ".join(cycle)
+
+
 @pytest.mark.parametrize("adapter", sorted(ADAPTERS))
 def test_an_adapter_imports_neither_the_other_adapter_nor_the_other_framework(adapter):
     folder, foreign = ADAPTERS[adapter]
@@ -46,20 +69,5 @@ def test_no_import_cycles_between_the_modules_of_an_adapter(adapter):
     modules = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
     edges = {name: {m.split(".")[1] for m in _imports(p) if m.startswith(adapter + ".") and m.split(".")[1] in modules}
              for name, p in modules.items()}
-    state: dict[str, int] = {}
-    cycle: list[str] = []
-
-    def visit(name: str, path: list[str]) -> None:
-        if cycle or state.get(name) == 2:
-            return
-        if state.get(name) == 1:
-            cycle.extend(path[path.index(name):] + [name])
-            return
-        state[name] = 1
-        for nxt in sorted(edges[name] - {name}):
-            visit(nxt, path + [name])
-        state[name] = 2
-
-    for name in sorted(modules):
-        visit(name, [])
+    cycle = find_cycle(edges)
     assert not cycle, " -> ".join(cycle)
