@@ -1,5 +1,5 @@
 """The layout of the suite: tests mirror zephon_core's packages, shared helpers live in tests/support,
-nothing edits sys.path, and what ships (the demo, its CPU launcher) imports nothing from tests/."""
+nothing in tests/ or bench/ edits sys.path, and what ships (the demo, its CPU launcher) imports nothing from tests/."""
 
 from __future__ import annotations
 
@@ -28,6 +28,15 @@ def _edits_sys_path(tree: ast.AST, removals: bool = True) -> bool:
 def test_no_test_edits_sys_path():
     edits = [str(p.relative_to(ROOT)) for p in _python_files("tests") if _edits_sys_path(ast.parse(p.read_text(), str(p)))]
     assert not edits, f"these edit sys.path (pytest's pythonpath has tests/ and scripts/: import support.X instead): {edits}"
+
+
+def test_no_bench_module_edits_sys_path():
+    # bench/ is a folder of scripts: a script's folder is already first on sys.path, and the Runner gives the
+    # cases their PYTHONPATH (bench/harness.py).
+    files = [p for p in _python_files("bench") if ".work" not in p.parts]
+    assert len(files) > 10, "bench/ has moved: point this test at it"
+    edits = [str(p.relative_to(ROOT)) for p in files if _edits_sys_path(ast.parse(p.read_text(), str(p)))]
+    assert not edits, f"these bench modules edit sys.path: {edits}"
 
 
 def test_the_unit_tests_of_the_core_mirror_its_packages():
