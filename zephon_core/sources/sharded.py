@@ -150,11 +150,15 @@ class ShardedSource(FileSource):
             if opened is not None:
                 self._open.move_to_end(f)
                 return opened
-            opened = self.open_file(self.files.url(self.files.files[f]), self.metas[f], False, self.files.files[f])
-            if len(opened) != self.metas[f].documents:
-                raise DataError(f"{self.metas[f].name}: {len(opened)} documents, but the source's index says "
-                                f"{self.metas[f].documents}; rebuild the manifest (zephon index)")
-            self._open[f] = opened
+        # Opened outside the lock: on a store an open is a request, and reader threads reading files already
+        # open must not wait behind it. Two threads opening one file at once keep the first (the same bytes).
+        opened = self.open_file(self.files.url(self.files.files[f]), self.metas[f], False, self.files.files[f])
+        if len(opened) != self.metas[f].documents:
+            raise DataError(f"{self.metas[f].name}: {len(opened)} documents, but the source's index says "
+                            f"{self.metas[f].documents}; rebuild the manifest (zephon index)")
+        with self._lock:
+            opened = self._open.setdefault(f, opened)
+            self._open.move_to_end(f)
             if len(self._open) > self._keep_open:
                 self._open.popitem(last=False)
         return opened

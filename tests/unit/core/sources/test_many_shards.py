@@ -149,3 +149,38 @@ def test_a_source_holds_at_most_max_open_files_shards_open_and_reads_the_same_do
     assert got == every and len(got) == 40 * len(FORMATS[fmt][3])
     if held_unbounded:  # (a format that reads a shard whole holds nothing open: nothing to bound)
         assert held_unbounded >= 40, f"the unbounded source held {held_unbounded} descriptors for 40 shards"
+
+
+def test_a_slow_open_of_one_shard_does_not_hold_up_reads_of_shards_already_open(tmp_path, monkeypatch):
+    """On a store an open is a request: a reader thread opening one shard must not stall the threads reading
+    shards that are open already (the open-file table is locked only to look up and insert)."""
+    import threading
+
+    webdataset_shards(tmp_path / "corpus", 3)
+    # Start-up keeps open only the first max_open_files shards it scanned: shard 0 here.
+    source = WebDatasetSource(str(tmp_path / "corpus"), access=Access(manifest=False, max_open_files=1))
+    first = source.read([0])
+    opening, release = threading.Event(), threading.Event()
+    real_open = WebDatasetSource.open_file
+
+    def slow_open(self, url, *a, **kw):
+        if url.endswith("shard-00002.tar"):
+            opening.set()
+            assert release.wait(30), "the test never released the slow open"
+        return real_open(self, url, *a, **kw)
+
+    monkeypatch.setattr(WebDatasetSource, "open_file", slow_open)
+    late: list = []
+    slow = threading.Thread(target=lambda: late.append(source.read([2 * len(TEXTS)])))
+    slow.start()
+    try:
+        assert opening.wait(10)
+        done: list = []
+        fast = threading.Thread(target=lambda: done.append(source.read([0])))
+        fast.start()
+        fast.join(5)
+        assert done == [first], "a read of an open shard waited for another shard's open"
+    finally:
+        release.set()
+        slow.join(10)
+    assert late == [first], "the slowly opened shard (the same shard linked) read other documents"
