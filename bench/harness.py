@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 WORK = BENCH / ".work"
 RESULTS = BENCH / "results"
+PARTIAL = RESULTS / "partial"  # runs of some goals, or quick ones (bench/run.py's outputs()); git ignores it
 IMG = ROOT / "docs" / "img"
 CASES = BENCH / "cases.py"
 BASELINE = RESULTS / "baseline.json"  # an earlier run, for the "before" columns (see docs/performance.md)
@@ -110,6 +111,7 @@ class Context:
     only: set[str] = field(default_factory=set)
     s3rver: str | None = None  # s3rver's bin/s3rver.js (P4's second loopback S3 server), if installed
     work: Path = WORK
+    results: Path = RESULTS  # where files beside results.json go (profiles): a partial run's own folder
 
 
 def med(xs: list[float | None]) -> float | None:

@@ -10,7 +10,8 @@ one tokenizer. What is measured, its targets and its part of the report belong t
 * runs each selected goal (``--only``) and writes
   ``bench/results/results.json`` (every number, the machine, versions, load averages),
   ``bench/results/results.md`` (the tables and verdicts), the headline block of docs/performance.md
-  (bench/report.py) and ``docs/img/perf_*.png`` (bench/plot.py, in the peers venv).
+  (bench/report.py) and ``docs/img/perf_*.png`` (bench/plot.py, in the peers venv); a run of some goals
+  (``--only``) or a ``--quick`` one writes its own to ``bench/results/partial/`` instead (``outputs``).
 
 Options: ``--quick`` (a smoke run: one round, short windows, small rank counts), ``--only P1,P3`` (a subset;
 ``P4S3``, the 16,384-rank S3 case, runs only when named), ``--rounds N``, ``--baseline FILE|none`` (an earlier
@@ -26,12 +27,28 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import determinism
 import report
 from goals import REGISTRY, targets
-from harness import BASELINE, BATCH, BENCH, IMG, RESULTS, ROOT, SEED, SEQ_LEN, WORK, Context, Runner, log, open_log
+from harness import (
+    BASELINE,
+    BATCH,
+    BENCH,
+    IMG,
+    PARTIAL,
+    RESULTS,
+    ROOT,
+    SEED,
+    SEQ_LEN,
+    WORK,
+    Context,
+    Runner,
+    log,
+    open_log,
+)
 from machine import machine_info
 
 DEFAULT_ONLY = ",".join(g.key for g in REGISTRY if g.run is not None and g.default)
@@ -57,16 +74,31 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def write_reports(R: dict, peers_py: str | None, env: dict[str, str] | None = None) -> None:
-    """results.json, results.md and the headline block of docs/performance.md, all from ``R``; then the plots."""
+def outputs(args: argparse.Namespace, only: set[str]) -> Path | None:
+    """Where a run that is not the reference run writes its results; None for the reference run.
+
+    The reference run (every default goal, full windows) owns results.json, results.md, the headline block of
+    docs/performance.md and the plots, so that a smoke run or a single goal never replaces the figures the docs
+    show with a subset. Any other run writes bench/results/partial/<goals>[-quick]/, which git ignores.
+    """
+    if not args.quick and only >= set(DEFAULT_ONLY.split(",")):
+        return None
+    return PARTIAL / ("-".join(sorted(only)) + ("-quick" if args.quick else ""))
+
+
+def write_reports(R: dict, peers_py: str | None, env: dict[str, str] | None = None, folder: Path | None = None) -> None:
+    """results.json and results.md from ``R``, then the plots; in ``folder`` for a partial run, else the reference
+    outputs and the headline block of docs/performance.md."""
     R["goals"] = report.verdicts(R)
-    (RESULTS / "results.json").write_text(json.dumps(R, indent=1, default=str))
-    (RESULTS / "results.md").write_text(report.markdown(R))
-    if not report.write_headline(R):
+    out, img = (folder, folder) if folder else (RESULTS, IMG)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(R, indent=1, default=str))
+    (out / "results.md").write_text(report.markdown(R))
+    if folder is None and not report.write_headline(R):
         log(f"  {report.PERFORMANCE_MD.relative_to(ROOT)} has no {report.HEADLINE_START} block: not rewritten")
     if peers_py:
-        IMG.mkdir(parents=True, exist_ok=True)
-        p = subprocess.run([peers_py, str(BENCH / "plot.py"), str(RESULTS / "results.json"), str(IMG)], cwd=ROOT,
+        img.mkdir(parents=True, exist_ok=True)
+        p = subprocess.run([peers_py, str(BENCH / "plot.py"), str(out / "results.json"), str(img)], cwd=ROOT,
                            env=env, capture_output=True, text=True, timeout=120)
         log("plots: " + (p.stdout.strip().replace("\n", ", ") if p.returncode == 0 else "FAILED " + p.stderr[-500:]))
 
@@ -106,9 +138,10 @@ def main() -> int:
         return report_only(args, baseline)
     only = {s.strip() for s in args.only.split(",")}
     rounds = args.rounds or (1 if args.quick else 3)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    folder = outputs(args, only)
+    (folder or RESULTS).mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
-    open_log(RESULTS / "run.log")
+    open_log((folder or RESULTS) / "run.log")
     t_start = time.perf_counter()
     r = Runner(args.project_python, args.peers_python)
 
@@ -126,7 +159,8 @@ def main() -> int:
         R["determinism"] = determinism.check(r, base, baseline)
         log(determinism.summary(R["determinism"]))
 
-    ctx = Context(r, base, quick=args.quick, rounds=rounds, only=only, s3rver=args.s3rver, work=WORK)
+    ctx = Context(r, base, quick=args.quick, rounds=rounds, only=only, s3rver=args.s3rver, work=WORK,
+                  results=folder or RESULTS)
     for goal in REGISTRY:
         if goal.run is not None and goal.selected(only):
             log(f"{goal.key} {goal.title}")
@@ -134,8 +168,11 @@ def main() -> int:
 
     R["loadavg_end"] = os.getloadavg()
     R["wall_s"] = time.perf_counter() - t_start
-    write_reports(R, r.py["peers"], r.env("peers"))
-    log("results: bench/results/results.json, bench/results/results.md, docs/performance.md's headline")
+    write_reports(R, r.py["peers"], r.env("peers"), folder)
+    if folder is None:
+        log("results: bench/results/results.json, bench/results/results.md, docs/performance.md's headline, plots")
+    else:
+        log(f"results (a partial run: the reference results are left as they are): {folder.relative_to(ROOT)}/")
     for g in R["goals"]:
         log(f"  {'PASS' if g['pass'] else 'FAIL'}  {g['goal']}: {g['measured']} (target {g['target']})")
     log(f"done in {R['wall_s'] / 60:.1f} min")

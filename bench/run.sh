@@ -12,7 +12,8 @@
 #   s3rver:  ~/.cache/zephon-env/s3rver-<hash> from bench/s3rver/package-lock.json (npm ci; needs node >= 16 and npm)
 #            plus bench/s3rver/atomic-put.patch: the P4 benchmark's second loopback S3-compatible server, beside moto;
 #            skipped (with a note) without node.
-# Results: bench/results/results.{json,md}, bench/results/profile_*.txt, plots in docs/img/perf_*.png.
+# Results: bench/results/results.{json,md}, bench/results/profile_*.txt, plots in docs/img/perf_*.png (the reference
+#          run: every default goal, full windows); --only / --quick runs: bench/results/partial/<goals>[-quick]/.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

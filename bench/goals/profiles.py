@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from goal import Goal, no_verdicts
-from harness import CASES, RESULTS, ROOT, Context, Runner, log
+from harness import CASES, ROOT, Context, Runner, log
 from loaders.zephon_core import pretok_pipeline, tokenize_pipeline
 from measure import emit, perf
 
@@ -150,8 +150,8 @@ def _record(r: Runner, pyspy: str, args: dict, raw: Path) -> str:
         raise
 
 
-def _write(name: str, s: dict, args: dict) -> None:
-    with open(RESULTS / f"profile_{name}.txt", "w") as f:
+def _write(out: Path, name: str, s: dict, args: dict) -> None:
+    with open(out / f"profile_{name}.txt", "w") as f:
         f.write(f"py-spy record -r 200 --nolineno --pid (all threads): {s['samples']} busy samples "
                 f"({s['idle_samples_dropped']} samples of blocked threads dropped)\n")
         shown = {k: v for k, v in args.items() if k in ("what", "batches", "late", "reps")}
@@ -166,8 +166,8 @@ def _write(name: str, s: dict, args: dict) -> None:
             f.write(f"  {pct:5.1f}%  {fn}\n")
 
 
-def _profile(r: Runner, pyspy: str, name: str, args: dict) -> dict:
-    raw = RESULTS / f"profile_{name}.raw"
+def _profile(r: Runner, pyspy: str, name: str, args: dict, out: Path) -> dict:
+    raw = out / f"profile_{name}.raw"
     raw.unlink(missing_ok=True)
     t0 = time.perf_counter()
     try:
@@ -181,7 +181,7 @@ def _profile(r: Runner, pyspy: str, name: str, args: dict) -> dict:
     s = summarize_pyspy(raw)
     s["wall_s"] = time.perf_counter() - t0
     s["note"] = [json.loads(ln[7:]).get("note", "") for ln in stdout.splitlines() if ln.startswith("RESULT ")]
-    _write(name, s, args)
+    _write(out, name, s, args)
     raw.unlink()
     log(f"  profile {name}: {s['samples']} samples; {s['note'][0] if s['note'] else ''}; top self: "
         + "; ".join(f"{fn} {pct}%" for fn, pct in s["self"][:3]))
@@ -199,7 +199,7 @@ def run(ctx: Context) -> dict:
         ("p2_megatron", {**base, "what": "p2", "batches": 300 if q else 1500}),
         ("p3_restore", {**base, "what": "p3", "late": 20 if q else 60, "reps": 4 if q else 12}),
     ]
-    return {name: _profile(ctx.runner, pyspy, name, args) for name, args in targets}
+    return {name: _profile(ctx.runner, pyspy, name, args, ctx.results) for name, args in targets}
 
 
 def section(R: dict, B: dict) -> list[str]:

@@ -156,3 +156,23 @@ def test_a_full_run_renders_beside_its_baseline_with_a_section_per_goal_it_measu
     assert all(line.count("|") == p2[0].count("|") for line in p2), p2
     assert any(line.startswith("| NumPy shuffled-document copy |") and line.endswith(" - |") for line in p2)
     assert report.headline(R).startswith(report.HEADLINE_START) and "| PASS |" in report.headline(R)
+
+
+def test_only_the_reference_run_writes_the_committed_results(bench) -> None:
+    """A smoke run or a run of a few goals writes its own folder, so it never replaces the figures the docs show."""
+    import argparse
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(BENCH))
+        run = importlib.import_module("run")
+    every = set(run.DEFAULT_ONLY.split(","))
+    assert {"P1", "P10"} <= every
+
+    def folder(only: set[str], quick: bool = False):
+        out = run.outputs(argparse.Namespace(quick=quick), only)
+        return None if out is None else out.relative_to(RESULTS).as_posix()
+
+    assert folder(every) is None and folder(every | {"P4S3"}) is None
+    assert folder(every, quick=True) == "partial/" + "-".join(sorted(every)) + "-quick"
+    assert folder({"P10"}) == "partial/P10"
+    assert folder({"P3", "P1"}, quick=True) == "partial/P1-P3-quick"
