@@ -32,6 +32,27 @@ def row(goal: str, target: str, value: float | None, ok: bool | None, shown: str
     return {"goal": goal, "target": target, "value": value, "pass": ok, "measured": shown}
 
 
+@dataclass(frozen=True)
+class Target:
+    """A bound on a measured value: ``Target("<=", TARGETS[key], " ms")``. The target a row shows and the check
+    it passes are made from the one number in the goal's ``TARGETS``, so the two cannot drift apart."""
+
+    op: str  # "<=" or ">="
+    limit: float
+    unit: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.limit:g}{self.unit}"
+
+    def met(self, value: float) -> bool:
+        return value <= self.limit if self.op == "<=" else value >= self.limit
+
+
+def verdict(goal: str, target: Target, value: float, shown: str) -> dict:
+    """``row`` for a measured value against ``target``."""
+    return row(goal, str(target), value, target.met(value), shown)
+
+
 def no_verdicts(R: dict) -> list[dict]:
     return []
 
@@ -49,6 +70,18 @@ def loader_table(title: str, header: list[str], before: str, rows: dict[str, dic
         else:
             L.append(render(name, x))
     return L + [""]
+
+
+def before_cell(B: dict, key: str, name: str, scale: float, spec: str, kept: bool = True) -> str:
+    """A loader row's "before" cell: the baseline's tokens/s and tokens per CPU-s of ``name`` in ``R[key]``, over
+    ``scale`` and formatted by ``spec``; "-" where the baseline has no such row (or ``kept`` is false); no cell
+    at all without a baseline."""
+    if not B:
+        return ""
+    b = B.get(key, {}).get(name, {})
+    if not kept or "tokens_per_s" not in b:
+        return " - |"
+    return f" {b['tokens_per_s'] / scale:{spec}}, {b['tokens_per_cpu_s'] / scale:{spec}} |"
 
 
 def loader_section(key: str, title: str, header: list[str], before: str,

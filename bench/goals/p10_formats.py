@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from goal import Script, row, script_goal
+from goal import Script, Target, script_goal, verdict
 from harness import fmt
 
 # New with P10 (no earlier target): Zephon's source delivers tokens at least as fast as the format's own reader.
@@ -83,8 +83,8 @@ def verdicts(R: dict) -> list[dict]:
         if v is None:
             continue
         shown = (f"{v:.2f}x (start-up {fmt(z['startup_s'], '.2f')} s vs {fmt(p['startup_s'], '.2f')} s)")
-        rows.append(row(f"P10 {name}: {SIDES[name][1]} vs {SIDES[name][2]} (tokens/s)", ">= 1.0x", v,
-                        v >= TARGETS["P10_tokens_vs_peer"], shown))
+        rows.append(verdict(f"P10 {name}: {SIDES[name][1]} vs {SIDES[name][2]} (tokens/s)",
+                            Target(">=", TARGETS["P10_tokens_vs_peer"], "x"), v, shown))
     return rows
 
 

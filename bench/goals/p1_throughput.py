@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from goal import Goal, loader_section, row
+from goal import Goal, Target, before_cell, loader_section, verdict
 from harness import Context, fmt
 from throughput import Case, case, run_rounds
 
@@ -36,14 +36,13 @@ def run(ctx: Context) -> dict:
 def verdicts(R: dict) -> list[dict]:
     p1 = R.get("P1", {})
     rows = []
-    refs = (("zephon 0.2.0 p=1", "P1_vs_zephon020", ">= 2.0x"), ("generator", "P1_vs_generator", ">= 1.0x"))
-    for ref, key, target in refs:
+    for ref, key in (("zephon 0.2.0 p=1", "P1_vs_zephon020"), ("generator", "P1_vs_generator")):
         zc, zr = p1.get("zephon_core p=1", {}).get("tokens_per_s"), p1.get(ref, {}).get("tokens_per_s")
         if zc and zr:
             v = zc / zr
             cpu = p1["zephon_core p=1"]["tokens_per_cpu_s"] / p1[ref]["tokens_per_cpu_s"]
             name = f"P1 zephon_core p=1 vs {'plain ' if ref == 'generator' else ''}{ref} (tokens/s, wall)"
-            rows.append(row(name, target, v, v >= TARGETS[key], f"{v:.2f}x wall ({cpu:.2f}x per CPU-s)"))
+            rows.append(verdict(name, Target(">=", TARGETS[key], "x"), v, f"{v:.2f}x wall ({cpu:.2f}x per CPU-s)"))
     return rows
 
 
@@ -51,9 +50,7 @@ def _row(name: str, x: dict, p1: dict, B: dict) -> str:
     z2 = p1.get("zephon 0.2.0 p=1", {}).get("tokens_per_s")
     gen = p1.get("generator", {}).get("tokens_per_s")
     rss = fmt(x["rss_beyond_mb"]) + (f" (+{x['children_rss_mb']:.0f} in workers)" if x.get("children_rss_mb") else "")
-    b = B.get("P1", {}).get(name, {})
-    before = f" {b['tokens_per_s'] / 1e3:.0f}, {b['tokens_per_cpu_s'] / 1e3:.0f} |" if "tokens_per_s" in b else " - |"
-    col = before if B else ""
+    col = before_cell(B, "P1", name, 1e3, ".0f")
     return (f"| {name} | {x['batches_per_s']:.1f} | {x['tokens_per_s'] / 1e3:.0f} ({x['tokens_per_s_min'] / 1e3:.0f}-"
             f"{x['tokens_per_s_max'] / 1e3:.0f}) | {x['tokens_per_cpu_s'] / 1e3:.0f} | "
             f"{fmt(x['tokens_per_s'] / z2 if z2 else None, '.2f')} | "

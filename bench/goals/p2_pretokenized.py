@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from goal import Goal, loader_section, row
+from goal import Goal, Target, before_cell, loader_section, verdict
 from harness import Context, fmt
 from throughput import Case, case, run_rounds
 
@@ -34,8 +34,8 @@ def verdicts(R: dict) -> list[dict]:
         v0 = p2.get(name, {}).get("tokens_per_s")
         if v0 and npc:
             v = v0 / npc
-            rows.append(row(f"P2 {name.split()[-1]} vs NumPy copy of its document order (tokens/s)", ">= 0.5", v,
-                            v >= TARGETS["P2_vs_numpy"], f"{v:.4f}"))
+            rows.append(verdict(f"P2 {name.split()[-1]} vs NumPy copy of its document order (tokens/s)",
+                                Target(">=", TARGETS["P2_vs_numpy"]), v, f"{v:.4f}"))
     return rows
 
 
@@ -45,10 +45,7 @@ def _ratio(x: dict, ref: dict, key: str) -> float | None:
 
 def _row(name: str, x: dict, p2: dict, B: dict) -> str:
     npc, shuf = p2.get("NumPy copy", {}), p2.get("NumPy shuffled-document copy", {})
-    b = B.get("P2", {}).get(name, {})
-    shown = "tokens_per_s" in b and name.startswith("zephon_core")
-    before = f" {b['tokens_per_s'] / 1e6:.2f}, {b['tokens_per_cpu_s'] / 1e6:.2f} |" if shown else " - |"
-    col = before if B else ""
+    col = before_cell(B, "P2", name, 1e6, ".2f", kept=name.startswith("zephon_core"))
     return (f"| {name} | {x['batches_per_s']:.0f} | {x['tokens_per_s'] / 1e6:.2f} | "
             f"{x['tokens_per_cpu_s'] / 1e6:.2f} | "
             f"{fmt(_ratio(x, npc, 'tokens_per_s'), '.4f')} | {fmt(_ratio(x, npc, 'tokens_per_cpu_s'), '.4f')} | "

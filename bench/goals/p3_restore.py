@@ -7,7 +7,7 @@ import statistics
 from typing import Any
 
 import loaders
-from goal import Goal, loader_section, row
+from goal import Goal, Target, loader_section, verdict
 from harness import Context, log
 from measure import emit, perf
 
@@ -94,9 +94,9 @@ def verdicts(R: dict) -> list[dict]:
         return []
     worst = max(x["early_ms"], x["late_ms"])
     v = x["late_over_early"]
-    return [row("P3 zephon_core restore -> first batch, early / late (median)", "<= 20 ms", worst,
-                worst <= TARGETS["P3_ms"], f"{x['early_ms']:.1f} / {x['late_ms']:.1f} ms"),
-            row("P3 zephon_core late/early", "<= 1.5", v, v <= TARGETS["P3_late_over_early"], f"{v:.2f}")]
+    return [verdict("P3 zephon_core restore -> first batch, early / late (median)",
+                    Target("<=", TARGETS["P3_ms"], " ms"), worst, f"{x['early_ms']:.1f} / {x['late_ms']:.1f} ms"),
+            verdict("P3 zephon_core late/early", Target("<=", TARGETS["P3_late_over_early"]), v, f"{v:.2f}")]
 
 
 def _floor(R: dict) -> list[str]:

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from goal import Goal, row
+from goal import Goal, Target, verdict
 from harness import Context
 from loaders.common import load_tokenizer
 from loaders.zephon_core import pretok_pipeline, tokenize_pipeline
@@ -94,8 +94,8 @@ def verdicts(R: dict) -> list[dict]:
     if "marginal_bytes_per_lane" not in p5:
         return []
     v = p5["marginal_bytes_per_lane"]
-    return [row("P5 checkpoint bytes per lane (JSON, marginal)", "<= 256 B", v, v <= TARGETS["P5_bytes_per_lane"],
-                f"{v:.0f} B (far-future lane {p5['far_lane_bytes']} B)")]
+    return [verdict("P5 checkpoint bytes per lane (JSON, marginal)", Target("<=", TARGETS["P5_bytes_per_lane"], " B"),
+                    v, f"{v:.0f} B (far-future lane {p5['far_lane_bytes']} B)")]
 
 
 def section(R: dict, B: dict) -> list[str]:

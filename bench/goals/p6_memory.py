@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from goal import Goal, row
+from goal import Goal, Target, verdict
 
 TARGETS = {"P6_mb": 50.0}
 
@@ -13,8 +13,8 @@ def verdicts(R: dict) -> list[dict]:
         y = R.get("P1", {}).get(name, {})
         if y.get("rss_beyond_mb") is not None:
             v = y["rss_beyond_mb_max"]
-            rows.append(row(f"P6 peak RSS beyond the interpreter, {name} (max of runs)", "<= 50 MB", v,
-                            v <= TARGETS["P6_mb"], f"{v:.1f} MB"))
+            rows.append(verdict(f"P6 peak RSS beyond the interpreter, {name} (max of runs)",
+                                Target("<=", TARGETS["P6_mb"], " MB"), v, f"{v:.1f} MB"))
     return rows
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import sources_scale
-from goal import Goal, row
+from goal import Goal, Target, verdict
 from harness import Context, log
 
 TARGETS = {"P8_gets_per_1m_tokens": 10.0, "P8_s3_over_local": 0.5}
@@ -26,10 +26,10 @@ def verdicts(R: dict) -> list[dict]:
     if "s3_blocks_gets_per_1m_tokens" not in p8:
         return []
     v, w = p8["s3_blocks_gets_per_1m_tokens"], p8["blocks_s3_over_local"]
-    return [row("P8 object-store GETs per 1M tokens, block mode", "<= 10", v, v <= TARGETS["P8_gets_per_1m_tokens"],
-                f"{v:.1f}"),
-            row("P8 throughput with 20 ms per request vs local disk, block mode", ">= 0.5", w,
-                w >= TARGETS["P8_s3_over_local"], f"{w:.2f}")]
+    return [verdict("P8 object-store GETs per 1M tokens, block mode", Target("<=", TARGETS["P8_gets_per_1m_tokens"]), v,
+                    f"{v:.1f}"),
+            verdict("P8 throughput with 20 ms per request vs local disk, block mode",
+                    Target(">=", TARGETS["P8_s3_over_local"]), w, f"{w:.2f}")]
 
 
 def section(R: dict, B: dict) -> list[str]:

@@ -3,7 +3,7 @@ run through the script slot)."""
 
 from __future__ import annotations
 
-from goal import Script, row, script_goal
+from goal import Script, Target, script_goal, verdict
 from harness import Context
 
 TARGETS = {"P9_stats_over_off": 0.98}
@@ -19,8 +19,8 @@ def verdicts(R: dict) -> list[dict]:
     for name, c in R.get("P9", {}).get("cases", {}).items():
         v = c["stats_over_off"]
         goal = f"P9 {name}: tallies + stats() every {R['P9']['log_every']} batches vs no accounting (tokens/CPU-s)"
-        rows.append(row(goal, ">= 0.98", v, v >= TARGETS["P9_stats_over_off"],
-                        f"{v:.3f} (every batch: {c['stats_every_batch_over_off']:.3f})"))
+        rows.append(verdict(goal, Target(">=", TARGETS["P9_stats_over_off"]), v,
+                            f"{v:.3f} (every batch: {c['stats_every_batch_over_off']:.3f})"))
     return rows
 
 

@@ -176,3 +176,20 @@ def test_only_the_reference_run_writes_the_committed_results(bench) -> None:
     assert folder(every, quick=True) == "partial/" + "-".join(sorted(every)) + "-quick"
     assert folder({"P10"}) == "partial/P10"
     assert folder({"P3", "P1"}, quick=True) == "partial/P1-P3-quick"
+
+
+def test_every_verdict_shows_the_target_it_was_checked_against(bench, committed) -> None:
+    """A row's shown target is a number of the run's TARGETS, and its verdict is that bound applied to its value."""
+    import re
+
+    limits = set(committed["goals_targets"].values())
+    checked = 0
+    for v in bench["report"].verdicts(committed):
+        m = re.fullmatch(r"(<=|>=) ([0-9.]+)(x| \w+)?", v["target"])
+        assert m, f"{v['goal']}: target {v['target']!r} is not 'OP NUMBER[UNIT]'"
+        limit = float(m.group(2))
+        assert limit in limits, f"{v['goal']}: {limit} is none of the goals' targets {sorted(limits)}"
+        if v["value"] is not None:
+            assert v["pass"] == (v["value"] <= limit if m.group(1) == "<=" else v["value"] >= limit), v
+            checked += 1
+    assert checked >= 20, f"only {checked} rows carry a value"
