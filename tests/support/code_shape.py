@@ -10,6 +10,19 @@ from pathlib import Path
 MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_INSTANCE_ATTRIBUTES = 420, 60, 12
 
 
+def imports(tree: ast.AST) -> set[str]:
+    """Every module a file imports anywhere (also inside functions), and ``module.name`` for each name taken
+    from one (it may be a submodule)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
 def oversized(paths: Iterable[Path], root: Path) -> list[str]:
     """``file: what`` for every module, function or class of ``paths`` over the limits."""
     too_big = []

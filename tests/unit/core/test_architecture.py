@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from support.code_shape import find_cycle, oversized
+from support.code_shape import find_cycle, imports, oversized
 
 CORE = Path(__file__).resolve().parents[3] / "zephon_core"
 
@@ -24,18 +24,6 @@ def modules() -> dict[str, ast.Module]:
         name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
         out[name] = ast.parse(path.read_text(), str(path))
     return out
-
-
-def imports(tree: ast.Module) -> set[str]:
-    """Every module imported anywhere in the file (also inside functions)."""
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}
-    return found
 
 
 def layer(module: str) -> str:

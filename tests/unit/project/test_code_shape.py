@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from support.code_shape import find_cycle, oversized
+from support.code_shape import find_cycle, imports, oversized
 
 ROOT = Path(__file__).resolve().parents[3]
 ADAPTERS = {
@@ -18,14 +18,7 @@ ADAPTERS = {
 
 
 def _imports(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}
-    return found
+    return imports(ast.parse(path.read_text(), str(path)))
 
 
 def test_no_module_class_or_function_of_the_adapters_outgrows_a_reader():
