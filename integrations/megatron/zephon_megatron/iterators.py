@@ -132,7 +132,11 @@ class TrainStream:
                                    batches_per_step=self.counter.schedule.micro_batches(self.counter.consumed_samples))
 
     def close(self) -> None:
+        """Stop the Pipeline's threads and close the audit log; no more micro-batches are read."""
         self.pipeline.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 class ZephonTrainIterator:
@@ -211,6 +215,12 @@ class ZephonValidIterator:
 
     def save_state(self) -> None:  # validation has no state to keep
         return None
+
+    def close(self) -> None:
+        """Stop the held-out Pipeline being read, if any; a later ``next()`` starts the evaluation stream over."""
+        if self._pipeline is not None:
+            self._pipeline.close()
+        self._pipeline, self._it = None, None
 
 
 class ZephonValidSet:

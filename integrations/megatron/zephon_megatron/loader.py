@@ -29,6 +29,12 @@ collective.
 ``--zephon-log-metrics``: global rank 0 takes the figures of its Pipeline every
 ``--log-interval`` and the last rank, which holds Megatron's writers, writes them
 (``zephon_megatron.metrics``).
+
+In-process restart (``--inprocess-restart``): Megatron runs ``pretrain()`` again in
+the same process. The rank's loader of the failed attempt is closed (its Pipelines'
+threads stopped) by Megatron's restart finalize (``plugin.wrap_destroy_global_state``)
+or, failing that, when the provider builds the next one; the new one resumes from
+the loader state of the checkpoint Megatron reloads, as any resume does.
 """
 
 from __future__ import annotations
@@ -252,6 +258,7 @@ class RankLoader:
         self.settings = settings
         self.stream: TrainStream | None = None
         self._valid_sets: list[ZephonValidSet] | None = None
+        self._valid_iterators: list[ZephonValidIterator] = []
         recipe = _recipe(settings.recipe, "--zephon-recipe")
         schedule = BatchSchedule.from_megatron(args)
         resumed = _resume(args, settings, place, schedule)
@@ -311,7 +318,9 @@ class RankLoader:
             return sets if getattr(args, "multiple_validation_sets", False) else sets[0]
         if not chunk_reads(self.place, vp_stage):
             return None
-        return ZephonValidIterator(self._held_out(paths[0], eval_mbs), self.fmt, int(args.eval_iters) * per_iteration)
+        valid = ZephonValidIterator(self._held_out(paths[0], eval_mbs), self.fmt, int(args.eval_iters) * per_iteration)
+        self._valid_iterators.append(valid)
+        return valid
 
     def _full_sets(self, paths: tuple[str, ...], eval_mbs: int, per_iteration: int) -> list[Any]:
         # Megatron needs a length on every rank (it all-reduces it, then broadcasts rank 0's
@@ -328,14 +337,34 @@ class RankLoader:
                                                name=p) for i, p in enumerate(paths)]
         return list(self._valid_sets)
 
+    def close(self) -> None:
+        """Stop this rank's Pipelines (the training stream's and the held-out iterators'); the loader is done."""
+        if self.stream is not None:
+            self.stream.close()
+        for valid in self._valid_iterators:
+            valid.close()
+
 
 _CURRENT: dict[str, Any] = {"args": None, "loader": None}
 
 
+def close_current() -> None:
+    """Close this rank's loader, if any, and forget it (an in-process restart's finalize; the next build)."""
+    loader: RankLoader | None = _CURRENT["loader"]
+    _CURRENT["loader"] = _CURRENT["args"] = None
+    if loader is not None:
+        loader.close()
+
+
 def provide(args: Any, vp_stage: int | None = None) -> tuple[Any, Any, Any]:
-    """This rank's train and validation iterators (or Nones) for model chunk ``vp_stage``."""
+    """This rank's train and validation iterators (or Nones) for model chunk ``vp_stage``.
+
+    A new build (model chunk 0, or another run's arguments) first closes the loader of an
+    earlier ``pretrain()`` in this process, e.g. the attempt an in-process restart abandoned.
+    """
     if vp_stage in (None, 0) or _CURRENT["args"] is not args or _CURRENT["loader"] is None:
         prepare(args)
+        close_current()
         _CURRENT["loader"] = RankLoader(args, Settings.from_args(args), Place.from_mpu(args))
         _CURRENT["args"] = args
     loader: RankLoader = _CURRENT["loader"]

@@ -26,7 +26,15 @@
 
 4. ``training.training_log`` is followed, with ``--zephon-log-metrics``, by Zephon's figures
    of the iteration in Megatron's TensorBoard / W&B writers and console
-   (``zephon_megatron.metrics``); without it, by nothing.
+   (``zephon_megatron.metrics``); without it, by nothing;
+5. in-process restart (``--inprocess-restart``, nvidia-resiliency-ext): Megatron's restart
+   finalize (``inprocess_restart.destroy_state``) calls ``training.destroy_global_state``,
+   which now first closes this rank's Zephon loader. It also clears Megatron's global
+   arguments, which megatron-core 0.19's ``pretrain()`` does not parse again (the script
+   parsed them before calling it), so the next attempt would stop at ``get_args()``: on a
+   Zephon run with ``--inprocess-restart``, ``pretrain`` sets them again from a copy of the
+   script's parsed arguments taken when the first attempt began, as a fresh parse of the
+   same command line would.
 
 Call it before the training script imports ``pretrain`` by name (``from
 megatron.training import pretrain``): ``python -m zephon_megatron.launch``
@@ -35,6 +43,7 @@ does this for you.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from typing import Any
@@ -42,6 +51,10 @@ from typing import Any
 from zephon_megatron.args import install_arguments, is_requested, requested_in_argv
 
 _PROVIDER_PARAM = "train_valid_test_dataset_provider"
+
+#: The arguments the training script parsed, copied when pretrain() began a Zephon run with
+#: --inprocess-restart (before Megatron changes them): what the restart's next attempt starts from.
+_SCRIPT_ARGS: dict[str, Any] = {"args": None}
 
 
 def _global_args() -> Any:
@@ -58,8 +71,23 @@ def zephon_selected() -> bool:
     return requested_in_argv()
 
 
+def _restore_script_args() -> bool:
+    """Set Megatron's global arguments again when a restart's finalize destroyed those of a Zephon run.
+
+    ``set_global_variables`` on a copy is what the script's ``parse_and_validate_args``
+    ended with (the tokenizer, the micro-batch calculator, timers and writers are made again).
+    """
+    kept = _SCRIPT_ARGS["args"]
+    if kept is None or _global_args() is not None:
+        return False
+    from megatron.training.global_vars import set_global_variables
+
+    set_global_variables(copy.deepcopy(kept))
+    return True
+
+
 def wrap_pretrain(original: Any) -> Any:
-    """``pretrain`` with Zephon's provider substituted when Zephon is selected."""
+    """``pretrain`` with Zephon's provider substituted when Zephon is selected (see the module's item 5 for restarts)."""
     if getattr(original, "_zephon_wrapped", False):
         return original
     signature = inspect.signature(original)
@@ -68,6 +96,7 @@ def wrap_pretrain(original: Any) -> Any:
 
     @functools.wraps(original)
     def pretrain(*args: Any, **kwargs: Any) -> Any:
+        restarted = _restore_script_args()
         if not zephon_selected():
             return original(*args, **kwargs)
         from zephon_megatron.loader import prepare, train_valid_test_datasets_provider
@@ -76,6 +105,8 @@ def wrap_pretrain(original: Any) -> Any:
         bound.arguments[_PROVIDER_PARAM] = train_valid_test_datasets_provider
         parsed = _global_args()
         if parsed is not None:  # megatron-core >= 0.18: the script parsed the arguments already
+            if not restarted and getattr(parsed, "inprocess_restart", False):
+                _SCRIPT_ARGS["args"] = copy.deepcopy(parsed)
             prepare(parsed)
         return original(*bound.args, **bound.kwargs)
 
@@ -146,6 +177,22 @@ def wrap_training_log(original: Any) -> Any:
     return training_log
 
 
+@_wrap_once
+def wrap_destroy_global_state(original: Any) -> Any:
+    """``destroy_global_state`` (an in-process restart's finalize) that first closes this rank's Zephon loader."""
+
+    def destroy_global_state(*args: Any, **kwargs: Any) -> Any:
+        from zephon_megatron.loader import close_current
+
+        try:
+            close_current()
+        finally:
+            result = original(*args, **kwargs)
+        return result
+
+    return destroy_global_state
+
+
 def install() -> None:
     """Make this process's Megatron accept and use ``--dataloader-type zephon``."""
     install_arguments()
@@ -159,3 +206,4 @@ def install() -> None:
     mck.maybe_save_dataloader_state = wrap_save_dataloader_state(mck.maybe_save_dataloader_state)
     mtt.dummy_train_step = wrap_dummy_train_step(mtt.dummy_train_step)
     mtt.training_log = wrap_training_log(mtt.training_log)
+    mtt.destroy_global_state = wrap_destroy_global_state(mtt.destroy_global_state)
