@@ -1,6 +1,6 @@
 """Package discovery for the wheel (the rest of the metadata is in pyproject.toml).
 
-Three code packages from three folders, and the bundled ``configs/`` (data recipes,
+Four code packages from four folders, and the bundled ``configs/`` (data recipes,
 the demo corpus and tokenizer, the TorchTitan job file and the Megatron launch
 scripts) as the data-only package ``zephon_configs``, so an installed wheel has
 them too: ``zephon init`` copies them out, and the adapters' default recipes and
@@ -9,7 +9,8 @@ the demo find them (``zephon_core.integration.bundled_configs``).
 
 from setuptools import find_packages, setup
 
-ROOTS = {"zephon_core": ".", "zephon_torchtitan": "integrations/torchtitan", "zephon_megatron": "integrations/megatron"}
+ROOTS = {"zephon_core": ".", "zephon_torchtitan": "integrations/torchtitan", "zephon_megatron": "integrations/megatron",
+         "zephon_torchft": "integrations/torchft"}
 
 packages, package_dir = [], {"zephon_configs": "configs"}
 for top, where in ROOTS.items():

@@ -77,7 +77,7 @@ run_stage() {  # run_stage CMD...: in the background, waited for; sets $rc
 }
 
 source scripts/env.sh || exit 1
-export PYTHONPATH="$root:$root/integrations/torchtitan:$root/integrations/megatron${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$root:$root/integrations/torchtitan:$root/integrations/megatron:$root/integrations/torchft${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
 art="${ZEPHON_ARTIFACTS:-$root/.artifacts}"
 rm -rf "$art" && mkdir -p "$art"

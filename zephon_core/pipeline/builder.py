@@ -144,8 +144,15 @@ class Pipeline:
     def __iter__(self) -> Iterator[Batch]:
         with self._lock:
             if self._engine is None:
-                self._engine = Engine(self._chain(), self.work_source, self._identity, self._opts, self._restored or {})
+                ident = self._identity
+                self._engine = Engine(self._chain(), self.work_source, ident.lanes, ident.canonical_replicas, self._opts,
+                                      self._restored or {})
             return self._engine
+
+    def engine_for(self, lanes: list[int], start: Mapping[int, LaneState]) -> Engine:
+        """A fresh engine over ``lanes`` from ``start`` (live mode reassigns lanes at every step); the caller closes it."""
+        C = self._identity.canonical_replicas
+        return Engine(self._chain(), self.work_source, lanes, C, self._opts, start)
 
     def close(self) -> None:
         """Stop background threads and pools; the pipeline cannot be iterated after."""
@@ -180,7 +187,11 @@ class Pipeline:
         ``world_size`` must call it at the same step; rank 0 merges all lanes
         and every rank returns the identical merged state.
         """
-        lanes = self._lane_states()
+        return self.checkpoint_of(self._lane_states())
+
+    def checkpoint_of(self, lanes: Mapping[int, LaneState]) -> dict[str, Any]:
+        """``checkpoint()`` of the given lane states of this pipeline's group (live mode's committed lanes), collective
+        in the same way."""
         state = self._local_state(lanes)
         if self._identity.world_size == 1:
             self._run = run_figures(self.work_source, lanes)

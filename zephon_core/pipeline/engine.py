@@ -19,7 +19,7 @@ from zephon_core.lane.docops import DocOpRunner
 from zephon_core.lane.ops import BatchOp, DocOp, PackOp, ShuffleOp
 from zephon_core.lane.stream import CutRecord, LaneStream
 from zephon_core.metrics import Tally
-from zephon_core.pipeline.options import Identity, Options
+from zephon_core.pipeline.options import Options
 from zephon_core.pipeline.stats import lane_stage
 
 
@@ -146,21 +146,21 @@ class Engine:
 
     _END = object()
 
-    def __init__(self, chain: OperatorChain, work_source: WorkSource, ident: Identity, opts: Options,
-                 restored: Mapping[int, LaneState]) -> None:
+    def __init__(self, chain: OperatorChain, work_source: WorkSource, lanes: list[int], canonical_replicas: int,
+                 opts: Options, restored: Mapping[int, LaneState]) -> None:
         doc_ops, pack, shuffle, batch = chain
-        self.lanes = ident.lanes
+        self.lanes = list(lanes)
         self._runner = DocOpRunner(doc_ops)
         self._reader = ThreadPoolExecutor(opts.reader_threads, thread_name_prefix="zephon-read") if opts.reader_threads else None
         start = {lane: restored.get(lane, LaneState(Cursor.start(), 0)) for lane in self.lanes}
         self._streams = {
             lane: LaneStream(
-                lane, ident.canonical_replicas, work_source, self._runner, pack, shuffle, batch,
+                lane, canonical_replicas, work_source, self._runner, pack, shuffle, batch,
                 st.cursor, st.delivered, self._reader, opts.readahead,
             )
             for lane, st in start.items()
         }
-        self._ledger = Ledger(start, work_source, ident.canonical_replicas, pack.seq_len + 1,
+        self._ledger = Ledger(start, work_source, canonical_replicas, pack.seq_len + 1,
                               {lane: stream.cut_log for lane, stream in self._streams.items()})
         self._stop = threading.Event()
         self._queue: queue.SimpleQueue[Any] | None = None

@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[3]
 ADAPTERS = {
     "zephon_torchtitan": (ROOT / "integrations" / "torchtitan" / "zephon_torchtitan", {"megatron", "zephon_megatron"}),
     "zephon_megatron": (ROOT / "integrations" / "megatron" / "zephon_megatron", {"torchtitan", "zephon_torchtitan"}),
+    "zephon_torchft": (ROOT / "integrations" / "torchft" / "zephon_torchft",
+                       {"torchtitan", "zephon_torchtitan", "megatron", "zephon_megatron"}),
 }
 
 

@@ -1,0 +1,85 @@
+"""Live mode's arithmetic: which lanes of a slot each participant owns in one step attempt, and the start-up rules.
+
+A replica group's data-parallel rank ``j`` serves *slot* ``j``: the ``L = C / S`` lanes that a
+``Pipeline`` with ``dp_degree=S, dp_group_id=j`` owns. At every step the ``P`` participants of
+the quorum split each slot again. Gradient sync runs once per micro-batch, so every replica
+must run the same number of micro-batches: the slot is split among ``A``, the largest divisor
+of ``L`` not above ``P``, *active* participants, ``L / A`` lanes each; the other ``P - A`` are
+spares for that step. A spare (and a replica that is not participating, e.g. healing) runs the
+same number of micro-batches as pads whose loss weight is 0, and the active ones weight their
+loss by ``P / A``, so the averaged gradient over ``P`` replicas is the mean over the step's
+``k x L`` real micro-batches, as in a run where every replica was active.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zephon_core.validation import require_int
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One replica's part of one step attempt in one slot."""
+
+    participants: int
+    """``P``: replica groups taking part in the step (torchft's ``num_participants()``)."""
+    index: int | None
+    """This replica among them (``participating_rank()``), None when it does not take part (healing)."""
+    active: int
+    """``A``: participants that own lanes this step (the largest divisor of ``L`` not above ``P``)."""
+    lanes: tuple[int, ...]
+    """The lanes this replica delivers this step (global lane numbers, empty for a spare)."""
+    microbatches: int
+    """Micro-batches every replica runs this step: ``k x L / A``."""
+    pads: int
+    """Of those, the zero-weight pads this replica runs (all of them for a spare)."""
+    loss_scale: float
+    """The weight of each real micro-batch's loss: ``P / A`` (0 for a spare, whose micro-batches are all pads)."""
+
+
+def active_participants(lanes_per_slot: int, participants: int) -> int:
+    """The largest divisor of ``lanes_per_slot`` that is at most ``participants``."""
+    return max(d for d in range(1, min(lanes_per_slot, participants) + 1) if lanes_per_slot % d == 0)
+
+
+def exact_participant_counts(lanes_per_slot: int) -> list[int]:
+    """Participant counts at which every replica owns lanes (no spares): the divisors of ``L``."""
+    return [d for d in range(1, lanes_per_slot + 1) if lanes_per_slot % d == 0]
+
+
+def plan_step(slot_lanes: list[int], participants: int, index: int | None, batches_per_lane: int) -> StepPlan:
+    """This replica's lanes, micro-batches, pads and loss weight for a step with ``participants`` replicas."""
+    L, k = len(slot_lanes), batches_per_lane
+    P = require_int(participants, "live mode: num_participants()", 1)
+    A = active_participants(L, P)
+    per = L // A
+    if index is not None and not 0 <= index < P:
+        raise ValueError(f"live mode: participating_rank()={index} is not below num_participants()={P}")
+    owned = tuple(slot_lanes[index * per : (index + 1) * per]) if index is not None and index < A else ()
+    M = k * per
+    return StepPlan(P, index, A, owned, M, M - k * len(owned), P / A if owned else 0.0)
+
+
+def live_problems(*, canonical_replicas: int, slots: int, min_replicas: int, async_quorum: bool, init_sync: bool,
+                  slots_name: str = "data-parallel ranks per replica group") -> list[str]:
+    """The start-up rules of live mode, one line each with the setting to change (empty when all hold)."""
+    C, S = canonical_replicas, slots
+    problems = []
+    if S < 1 or C % S:
+        problems.append(
+            f"canonical_replicas={C} is not divisible by the {slots_name} ({S}): each of them serves C / {S} lanes; "
+            f"use a canonical_replicas that is a multiple of {S}")
+        return problems
+    L = C // S
+    if not 1 <= min_replicas <= L:
+        problems.append(
+            f"torchft min_replica_size={min_replicas} must be between 1 and the lanes per slot ({L} = "
+            f"canonical_replicas {C} / {S}): a quorum larger than the lanes leaves replicas without data at every "
+            "step; lower min_replica_size or raise canonical_replicas")
+    if async_quorum and init_sync:
+        problems.append(
+            "torchft Manager(use_async_quorum=True, init_sync=True) commits step 0 without the lanes of the replicas "
+            "that heal at start-up (they train one step behind from then on); build the Manager with init_sync=False "
+            "(every replica starts from the same seed or checkpoint) or with use_async_quorum=False")
+    return problems
