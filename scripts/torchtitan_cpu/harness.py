@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -171,6 +171,7 @@ def run_torchtitan(
     log_path: str | os.PathLike | None = None,
     check: bool = True,
     cwd: str | os.PathLike | None = None,
+    started: Callable[[subprocess.Popen], None] | None = None,
 ) -> RunResult:
     """Run TorchTitan ``version`` on ``nproc`` CPU processes; return the parsed losses.
 
@@ -185,6 +186,8 @@ def run_torchtitan(
     log_rank:     the local rank whose console output is kept (PP: the last stage).
     check:        raise :class:`TorchTitanRunError` on a non-zero exit or a timeout.
     cwd:          where the trainer runs (relative paths in job files resolve from it).
+    started:      called with the torchrun process once it runs (its own session: ``os.killpg(p.pid, ...)``
+                  stops the whole launch, as a fault test does).
     """
     v = normalize_version(version)
     dump = Path(dump_folder).resolve()
@@ -231,6 +234,8 @@ def run_torchtitan(
         out.write(("# " + " ".join(cmd) + "\n").encode())
         out.flush()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=run_env, start_new_session=True, cwd=cwd)
+        if started is not None:
+            started(proc)
         try:
             rc = proc.wait(timeout=timeout)
         except BaseException as e:  # a timeout, or Ctrl-C / a test's own timeout: never leave the ranks running

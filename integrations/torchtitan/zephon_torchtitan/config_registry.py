@@ -2,7 +2,8 @@
 
 Every ``ZephonDataLoader.Config`` field is then a ``--dataloader.<field>`` flag
 (e.g. ``--dataloader.recipe``, ``--dataloader.canonical-replicas``), and the
-job runs on ``ZephonTrainer``, which hands the loader the batch sizes.
+job runs on ``ZephonTrainer``, which hands the loader the batch sizes
+(``llama3_debugmodel_zephon_ft``: on ``ZephonFTTrainer``, under torchft in live mode).
 """
 
 from __future__ import annotations
@@ -36,4 +37,16 @@ def llama3_debugmodel_zephon() -> ZephonTrainer.Config:
     cfg.validator = dataclasses.replace(
         cfg.validator, dataloader=ZephonDataLoader.Config(recipe=str(configs / "data" / "tt_heldout.toml"), infinite=False)
     )
+    return cfg
+
+
+def llama3_debugmodel_zephon_ft() -> Trainer.Config:
+    """``llama3_debugmodel_zephon`` under torchft in live mode (``zephon_torchtitan.ft``): start one launch per
+    replica group with ``--fault_tolerance.replica_id N`` and ``TORCHFT_LIGHTHOUSE`` set; checkpoints every 10
+    steps (torchft heals a joining group from the checkpoint manager's state), seed 0 (every group starts alike)."""
+    from zephon_torchtitan.ft import on_zephon_ft_trainer
+
+    cfg = on_zephon_ft_trainer(llama3_debugmodel_zephon())
+    cfg.checkpoint = dataclasses.replace(cfg.checkpoint, enable=True, interval=10)
+    cfg.debug = dataclasses.replace(cfg.debug, seed=0)
     return cfg

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from zephon_core import Pipeline
+from zephon_core.batch import Batch
 from zephon_core.integration import (
     IntegrationError,
     Terms,
@@ -73,6 +74,12 @@ TERMS = Terms(
 )
 
 
+def to_torchtitan(b: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A Zephon batch as TorchTitan's ``(input_dict, labels)``; labels outside the loss mask are the ignore index."""
+    labels = np.where(b.loss_mask, b.labels, IGNORE_INDEX)
+    return {"input": torch.from_numpy(b.input_ids), "positions": torch.from_numpy(b.positions)}, torch.from_numpy(labels)
+
+
 def coordination_identity() -> tuple[int, int]:
     """Every rank builds a Pipeline, so the coordination group is the whole job."""
     import torch.distributed as dist
@@ -125,26 +132,28 @@ class ZephonStream:
         )
         self.capacity = settings.state_capacity_bytes
         self.batches_per_step = batches_per_step
+        #: Live mode's lanes (``zephon_torchtitan.ft``): it cuts the batches, and checkpoints hold its committed lanes.
+        self.live: Any = None
         self._iter: Iterator[Any] | None = None
         if not validation:
             _TRAINING_STREAM["latest"] = weakref.ref(self)
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        if self.live is not None:
+            raise IntegrationError("zephon: in live mode the trainer takes each step's batches from the live lanes, "
+                                   "not by iterating the loader")
         if self._iter is None:
             self._iter = iter(self.pipeline)
         audit = open_batch_log(coordination_identity()[1])
         for b in self._iter:
             if audit is not None:
                 audit.write(log_line(b))
-            labels = np.where(b.loss_mask, b.labels, IGNORE_INDEX)
-            yield (
-                {"input": torch.from_numpy(b.input_ids), "positions": torch.from_numpy(b.positions)},
-                torch.from_numpy(labels),
-            )
+            yield to_torchtitan(b)
 
     # -- checkpoint slot ------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {STATE_KEY: encode_state(self.pipeline.checkpoint(), self.capacity)}
+        owner = self.live if self.live is not None else self.pipeline
+        return {STATE_KEY: encode_state(owner.checkpoint(), self.capacity)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
