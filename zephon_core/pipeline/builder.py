@@ -145,12 +145,13 @@ class Pipeline:
         with self._lock:
             if self._engine is None:
                 ident = self._identity
-                self._engine = Engine(self._chain(), self.work_source, ident.lanes, ident.canonical_replicas, self._opts,
-                                      self._restored or {})
+                self._engine = Engine(self._chain(), self.work_source, ident.lanes, ident.canonical_replicas,
+                                      self._opts, self._restored or {})
             return self._engine
 
     def engine_for(self, lanes: list[int], start: Mapping[int, LaneState]) -> Engine:
-        """A fresh engine over ``lanes`` from ``start`` (live mode reassigns lanes at every step); the caller closes it."""
+        """A fresh engine over ``lanes`` from ``start`` (live mode reassigns lanes at every step); the caller closes
+        it."""
         C = self._identity.canonical_replicas
         return Engine(self._chain(), self.work_source, lanes, C, self._opts, start)
 

@@ -87,7 +87,7 @@ def _restore_script_args() -> bool:
 
 
 def wrap_pretrain(original: Any) -> Any:
-    """``pretrain`` with Zephon's provider substituted when Zephon is selected (see the module's item 5 for restarts)."""
+    """``pretrain`` with Zephon's provider substituted when Zephon is selected (the module's item 5: restarts)."""
     if getattr(original, "_zephon_wrapped", False):
         return original
     signature = inspect.signature(original)

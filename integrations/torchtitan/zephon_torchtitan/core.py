@@ -77,7 +77,8 @@ TERMS = Terms(
 def to_torchtitan(b: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """A Zephon batch as TorchTitan's ``(input_dict, labels)``; labels outside the loss mask are the ignore index."""
     labels = np.where(b.loss_mask, b.labels, IGNORE_INDEX)
-    return {"input": torch.from_numpy(b.input_ids), "positions": torch.from_numpy(b.positions)}, torch.from_numpy(labels)
+    inputs = {"input": torch.from_numpy(b.input_ids), "positions": torch.from_numpy(b.positions)}
+    return inputs, torch.from_numpy(labels)
 
 
 def coordination_identity() -> tuple[int, int]:

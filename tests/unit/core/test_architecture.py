@@ -12,8 +12,8 @@ from support.code_shape import find_cycle, imports, oversized
 CORE = Path(__file__).resolve().parents[3] / "zephon_core"
 
 # Lower layers never import higher ones; a layer may import itself (checked for cycles below).
-LAYERS = ["errors", "validation", "batch", "metrics", "sources", "curriculum", "lane", "checkpoint", "pipeline", "live", "recipe", "integration",
-          "tools"]
+LAYERS = ["errors", "validation", "batch", "metrics", "sources", "curriculum", "lane", "checkpoint", "pipeline", "live",
+          "recipe", "integration", "tools"]
 RANK = {"errors": 0, "validation": 1, "batch": 1, "metrics": 1, "sources": 2, "curriculum": 3, "lane": 4, "checkpoint": 4, "pipeline": 5,
         "live": 6, "recipe": 6, "integration": 7, "tools": 8}
 

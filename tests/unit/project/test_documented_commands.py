@@ -68,6 +68,7 @@ RULES: list[tuple[str, str, str]] = [
     (r"^(bash scripts/demo\.sh --data-only|python -m zephon_core\.tools\.demo)$", "run", "outside the clone"),
     (r"^python -m zephon_core\.tools\.cli$", "run", "with --help"),
     (r"^python docs/examples/[a-z_]+\.py$", "run", ""),
+    (r"^python -m zephon_torchft\.drill --help$", "run", ""),
     (r"^source scripts/env\.sh$", "run", ""),
 ]
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[3]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 DIST_OF_IMPORT = {"torch": "torch", "torchtitan": "torchtitan", "megatron": "megatron-core", "numpy": "numpy", "tokenizers": "tokenizers",
                   "fsspec": "fsspec", "omegaconf": "omegaconf", "pyarrow": "pyarrow", "s3fs": "s3fs", "transformers": "transformers",
-                  "matplotlib": "matplotlib"}
+                  "matplotlib": "matplotlib", "torchft": "torchft"}
 
 
 def _name(requirement: str) -> str:
@@ -147,7 +147,8 @@ def _third_party_imports(folder: Path) -> set[str]:
 def test_extras_name_what_each_route_imports():
     core = {_name(r) for r in PYPROJECT["project"]["dependencies"]}
     extras = {k: {_name(r) for r in v} for k, v in PYPROJECT["project"]["optional-dependencies"].items()}
-    for adapter, folder in (("torchtitan", "integrations/torchtitan"), ("megatron", "integrations/megatron")):
+    for adapter, folder in (("torchtitan", "integrations/torchtitan"), ("megatron", "integrations/megatron"),
+                            ("torchft", "integrations/torchft")):
         needed = {DIST_OF_IMPORT[m] for m in _third_party_imports(ROOT / folder)}
         assert needed <= core | extras[adapter], f"[{adapter}] lacks {sorted(needed - core - extras[adapter])}"
     # Megatron's HuggingFaceTokenizer (configs/megatron/common.sh) imports transformers; the project env has it too.
