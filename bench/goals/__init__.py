@@ -19,6 +19,7 @@ from goals import (
     p8_object_store,
     p9_watching,
     p10_formats,
+    p11_live,
     profiles,
 )
 
@@ -34,6 +35,7 @@ REGISTRY: list[Goal] = [
     p8_object_store.GOAL,
     p9_watching.GOAL,
     p10_formats.GOAL,
+    p11_live.GOAL,
     profiles.GOAL,
 ]
 
