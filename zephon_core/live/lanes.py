@@ -74,7 +74,9 @@ class LiveLanes:
         ws = pipeline.work_source
         fingerprint = fingerprint_of(pipeline.definition())
         self._codec = TableCodec(ident.lanes, len(ws.stage_starts()), len(ws.sources), fingerprint, k)
-        self._committed = parse_lanes(pipeline.local_state())
+        self._committed = parse_lanes(pipeline.local_state())  # decoded lanes of the committed table (or all of them)
+        self._table: np.ndarray | None = None  # the last committed summed table, decoded lane by lane when needed
+        self._sent: np.ndarray | None = None  # this replica's contribution to the current attempt's sum
         self._step = self._step_of(self._committed)
         self._engine: Engine | None = None
         self._engine_at: tuple[int, tuple[int, ...]] | None = None  # the step and lanes the engine stands at
@@ -96,7 +98,15 @@ class LiveLanes:
 
     def committed(self) -> dict[int, LaneState]:
         """The slot's lanes as of the last committed step."""
+        if self._table is not None and len(self._committed) < len(self._codec.slot_lanes):
+            self._committed = self._codec.decode(self._table)
         return dict(self._committed)
+
+    def _committed_lanes(self, lanes: tuple[int, ...]) -> dict[int, LaneState]:
+        missing = [lane for lane in lanes if lane not in self._committed]
+        if missing and self._table is not None:
+            self._committed.update(self._codec.decode(self._table, missing))
+        return {lane: self._committed[lane] for lane in lanes}
 
     def _step_of(self, lanes: Mapping[int, LaneState]) -> int:
         counts = {st.delivered for st in lanes.values()}
@@ -113,6 +123,7 @@ class LiveLanes:
         (None: not participating this step, e.g. healing; it runs pads only)."""
         plan = plan_step(self._codec.slot_lanes, participants, index, self._k)
         key = (self._step, plan.lanes)
+        self._sent = None
         if self._attempt is None or self._attempt.key != key:
             batches, after = self._cut(plan.lanes)
             self._attempt = _Attempt(key, batches, after, index is not None)
@@ -125,7 +136,7 @@ class LiveLanes:
             return [], {}
         if self._engine is None or self._engine_at != (self._step, lanes):
             self._close_engine()
-            self._engine = self._pipeline.engine_for(list(lanes), {lane: self._committed[lane] for lane in lanes})
+            self._engine = self._pipeline.engine_for(list(lanes), self._committed_lanes(lanes))
         batches = []
         for _ in range(self._k * len(lanes)):
             b = next(self._engine, None)
@@ -142,7 +153,8 @@ class LiveLanes:
             raise StateError("live mode: exchange() before begin()")
         if not self._attempt.participating:
             return np.zeros((1 + len(self._codec.slot_lanes), self._codec.width), dtype=np.int64)
-        return self._codec.encode(self._step, self._attempt.after)
+        self._sent = self._codec.encode(self._step, self._attempt.after)
+        return self._sent.copy()
 
     def problems(self, summed: np.ndarray, participants: int) -> list[str]:
         """Why the summed table cannot be committed (replicas disagree); empty when it can. Check before committing.
@@ -160,24 +172,24 @@ class LiveLanes:
         problems = self._codec.problems(summed, participants, self._step)
         if problems:
             raise StateError(problems[0])
-        lanes = self._codec.decode(summed)
-        late = sorted(lane for lane, st in lanes.items() if st.delivered != (self._step + 1) * self._k)
+        late = self._codec.late(summed, (self._step + 1) * self._k)
         if late:
-            raise StateError(f"live table: lane(s) {late} are not at step {self._step + 1} after the commit")
+            raise StateError(f"live table: lane(s) {late[:8]} are not at step {self._step + 1} after the commit")
         attempt = self._attempt
-        if attempt is not None and attempt.participating:
-            differ = [lane for lane, st in attempt.after.items() if lanes[lane].cursor != st.cursor]
+        if attempt is not None and attempt.participating and self._sent is not None:
+            differ = self._codec.moved(summed, self._sent, list(attempt.after))
             if differ:
                 raise StateError(f"live table: lane(s) {differ} came back at other positions than this replica "
                                  "delivered")
-        self._committed, self._step, self._attempt = lanes, self._step + 1, None
+        self._table, self._committed, self._sent = summed.copy(), {}, None
+        self._step, self._attempt = self._step + 1, None
         return True
 
     # -- state transfer and the durable checkpoint -----------------------------
     def _slot_state(self) -> dict[str, Any]:
         ident = self._pipeline.identity
         topology = {"dp_degree": ident.dp_degree, "dp_group_id": ident.dp_group_id, "live_step": self._step}
-        return make_state(self._pipeline.definition(), ident.canonical_replicas, topology, self._committed)
+        return make_state(self._pipeline.definition(), ident.canonical_replicas, topology, self.committed())
 
     def state_dict(self) -> dict[str, Any]:
         """The committed table for a joining or healing replica group (torchft's ``register_state_dict_fn``)."""
@@ -207,12 +219,12 @@ class LiveLanes:
         if step != value["step"]:
             raise StateError(f"live mode: the peer's table is at step {step}, its header says {value['step']!r}")
         self._close_engine()
-        self._committed, self._step, self._attempt = slot, step, None
+        self._committed, self._table, self._sent, self._step, self._attempt = slot, None, None, step, None
 
     def checkpoint(self) -> dict[str, Any]:
         """The durable state of the committed lanes (collective over the pipeline's coordination group, as
         ``Pipeline.checkpoint``); it restores offline on any data-parallel degree."""
-        return self._pipeline.checkpoint_of(self._committed)
+        return self._pipeline.checkpoint_of(self.committed())
 
     def _close_engine(self) -> None:
         if self._engine is not None:

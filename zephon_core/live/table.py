@@ -10,7 +10,7 @@ a fixed-width integer: no pickle, nothing to parse but numbers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -48,21 +48,21 @@ class TableCodec:
         table = np.zeros((1 + len(self.slot_lanes), self.width), dtype=np.int64)
         head = self.header(step)
         table[0, : len(head)] = head
-        for lane, st in lanes.items():
-            table[self._row[lane]] = self._encode_lane(st)
+        if lanes:
+            rows = [self._row[lane] for lane in lanes]
+            table[rows] = np.array([self._encode_lane(st) for st in lanes.values()], dtype=np.int64)
         return table
 
-    def _encode_lane(self, st: LaneState) -> np.ndarray:
+    def _encode_lane(self, st: LaneState) -> list[int]:
         t = st.tally or Tally(since=st.delivered)
         n, m = self._stages, self._sources
         if len(t.tokens) > n or any(len(r) > m for r in t.tokens):
             raise StateError(f"live mode: a lane's tally has {len(t.tokens)} stages, more than the definition's {n}")
-        tables = np.zeros((2, n, m), dtype=np.int64)
+        tables = [0] * (2 * n * m)
         for i, (tok, doc) in enumerate(zip(t.tokens, t.documents)):
-            tables[0, i, : len(tok)] = tok
-            tables[1, i, : len(doc)] = doc
-        head = [1, *st.cursor, st.delivered, t.since, t.rows, t.padding, t.cut, t.truncated, len(t.tokens)]
-        return np.concatenate([np.array(head, dtype=np.int64), tables.ravel()])
+            tables[i * m : i * m + len(tok)] = tok
+            tables[(n + i) * m : (n + i) * m + len(doc)] = doc
+        return [1, *st.cursor, st.delivered, t.since, t.rows, t.padding, t.cut, t.truncated, len(t.tokens), *tables]
 
     def problems(self, summed: np.ndarray, participants: int, step: int) -> list[str]:
         """Why a summed table cannot be committed at ``step`` with ``participants`` contributing (empty: it can)."""
@@ -89,14 +89,26 @@ class TableCodec:
                        "replica groups disagree on the participants")
         return out
 
-    def decode(self, summed: np.ndarray) -> dict[int, LaneState]:
-        """Every lane of the slot from a table that passed ``problems``."""
+    def late(self, summed: np.ndarray, delivered: int) -> list[int]:
+        """The lanes of a summed table that have not delivered ``delivered`` batches (one vectorised pass)."""
+        return [self.slot_lanes[i] for i in np.flatnonzero(summed[1:, 5] != delivered).tolist()]
+
+    def moved(self, summed: np.ndarray, sent: np.ndarray, lanes: Sequence[int]) -> list[int]:
+        """The ``lanes`` whose position in ``summed`` differs from what this replica ``sent``."""
+        rows = [self._row[lane] for lane in lanes]
+        return [lanes[i] for i in np.flatnonzero((summed[rows, 1:6] != sent[rows, 1:6]).any(axis=1)).tolist()]
+
+    def decode(self, summed: np.ndarray, lanes: Sequence[int] | None = None) -> dict[int, LaneState]:
+        """``lanes`` (default: every lane of the slot) from a table that passed ``problems``, in one pass over their
+        rows: a replica decodes the lanes it takes over at a step, and all of them only to checkpoint."""
         n, m = self._stages, self._sources
+        lanes = self.slot_lanes if lanes is None else list(lanes)
+        body = summed[[self._row[lane] for lane in lanes]]
+        heads = body[:, :_COUNTS].tolist()
+        tokens = body[:, _COUNTS : _COUNTS + n * m].reshape(-1, n, m).tolist()
+        documents = body[:, _COUNTS + n * m :].reshape(-1, n, m).tolist()
         out = {}
-        for lane, row in zip(self.slot_lanes, summed[1:].tolist()):
-            cursor, delivered = Cursor(*row[1:5]), row[5]
-            since, rows, padding, cut, truncated, stage_rows = row[6:12]
-            tok = np.array(row[_COUNTS : _COUNTS + n * m]).reshape(n, m).tolist()[:stage_rows]
-            doc = np.array(row[_COUNTS + n * m :]).reshape(n, m).tolist()[:stage_rows]
-            out[lane] = LaneState(cursor, delivered, Tally(since, rows, padding, cut, tok, doc, truncated))
+        for lane, h, tok, doc in zip(lanes, heads, tokens, documents):
+            tally = Tally(h[6], h[7], h[8], h[9], tok[: h[11]], doc[: h[11]], h[10])
+            out[lane] = LaneState(Cursor(h[1], h[2], h[3], h[4]), h[5], tally)
         return out
