@@ -52,16 +52,39 @@ _SAVED_NAME = re.compile(r"data-\d{5}-of-(\d{5})\.arrow")
 _INDEX_KEYS = ("schema", "offsets", "lengths", "rows")
 
 
-def check_schema(schema: pa.Schema, text_field: str, where: str) -> int:
+def check_schema(schema: pa.Schema, text_field: str, where: str, names: list[str] | None = None) -> int:
     """The position of the string column ``text_field`` in ``schema``; a ``DataError`` naming the file and column otherwise."""
     import pyarrow as pa
 
-    if text_field not in schema.names:
-        raise DataError(f"{where}: no column {text_field!r} (columns: {', '.join(schema.names)}); set the source's field")
+    names = schema.names if names is None else names
+    if text_field not in names:
+        raise DataError(f"{where}: no column {text_field!r} (columns: {', '.join(names)}); set the source's field")
     kind = schema.field(text_field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise DataError(f"{where}: column {text_field!r} must be a string column, got {kind}")
     return int(schema.get_field_index(text_field))
+
+
+def _damage() -> tuple[type[BaseException], ...]:
+    """What pyarrow raises for damaged IPC bytes: its own types (``ArrowInvalid``, ``ArrowNotImplementedError`` for a
+    type code it does not know, ``ArrowIndexError``...), and ``OSError`` for lengths past the end."""
+    import pyarrow as pa
+
+    return (pa.ArrowException, OSError, EOFError, ValueError, IndexError)
+
+
+def read_schema(message: pa.Message | pa.Buffer, text_field: str, path: str, where: str) -> pa.Schema:
+    """The schema a schema message holds, its ``text_field`` checked (``check_schema``). A damaged message (a type
+    pyarrow does not know, a field name that is not UTF-8...) is a ``DataError`` naming ``path``, then ``where``."""
+    import pyarrow as pa
+
+    try:
+        schema = pa.ipc.read_schema(message if isinstance(message, pa.Message) else pa.ipc.read_message(message))
+        names = schema.names  # decodes every field's name
+    except _damage() as e:
+        raise DataError(f"{path}: {where}: unreadable, truncated or corrupt ({type(e).__name__}: {e})") from None
+    check_schema(schema, text_field, path, names)
+    return schema
 
 
 def scan_messages(stream: pa.NativeFile, end: int, text_field: str, where: str) -> dict[str, np.ndarray]:
@@ -83,18 +106,18 @@ def scan_messages(stream: pa.NativeFile, end: int, text_field: str, where: str) 
             message = reader.read_next_message()
         except StopIteration:
             break
-        except (pa.ArrowException, OSError, ValueError) as e:
+        except _damage() as e:
             raise DataError(f"{where}: byte {pos}, {what}: not a readable Arrow IPC message, truncated or corrupt ({e})") from None
         after = stream.tell()
         if message.type == "schema" and schema is None:
-            schema = pa.ipc.read_schema(message)
-            check_schema(schema, text_field, where)
+            schema = read_schema(message, text_field, where, f"byte {pos}, the schema")
             schema_span = [pos, after - pos]
         elif message.type == "record batch" and schema is not None:
             try:
                 n = pa.ipc.read_record_batch(message, schema).num_rows
-            except (pa.ArrowException, ValueError) as e:
-                raise DataError(f"{where}: byte {pos}, {what}: unreadable ({e})") from None
+            except _damage() as e:
+                raise DataError(f"{where}: byte {pos}, {what}: unreadable, truncated or corrupt "
+                                f"({type(e).__name__}: {e})") from None
             offsets.append(pos)
             lengths.append(after - pos)
             rows.append(n)
@@ -148,11 +171,9 @@ class ArrowFile(Source):
         size = int(sample["size"])
         arrays = index if index is not None and plausible(index, size) else self._scan(size, whole)
         self._index = arrays
-        try:
-            self._schema = pa.ipc.read_schema(pa.ipc.read_message(self._span(*arrays["schema"].tolist())))
-        except (pa.ArrowException, OSError, EOFError, ValueError) as e:
-            raise DataError(f"{self.path}: the schema message is unreadable ({e}); rebuild the manifest (zephon index)") from None
-        self._column = check_schema(self._schema, text_field, self.path)
+        self._schema = read_schema(self._span(*arrays["schema"].tolist()), text_field, self.path,
+                                   "the schema message (rebuild the manifest: zephon index)")
+        self._column = int(self._schema.get_field_index(text_field))
         self._starts = np.concatenate([[0], np.cumsum(arrays["rows"])]).astype(np.int64)
         self._lock = threading.Lock()
         self._batches: OrderedDict[int, pa.Array] = OrderedDict()
@@ -182,7 +203,10 @@ class ArrowFile(Source):
             tail = part(max(0, size - 10), min(10, size))
             if size < 18 or not tail.endswith(_FILE_MAGIC):
                 raise DataError(f"{self.path}: an Arrow IPC file without its footer (truncated?): rewrite it")
-            end = size - 10 - int.from_bytes(tail[:4], "little")  # the footer follows the messages
+            end = size - 10 - int.from_bytes(tail[:4], "little", signed=True)  # the footer follows the messages
+            if not 8 <= end <= size - 10:
+                raise DataError(f"{self.path}: an Arrow IPC file whose footer length ({size - 10 - end} bytes) does not "
+                                f"fit its {size} bytes: corrupt, rewrite it")
         if data is not None:
             stream: pa.NativeFile = pa.BufferReader(data.slice(0, end))
             stream.seek(_STREAM_AT[is_file])
@@ -224,7 +248,7 @@ class ArrowFile(Source):
             column.validate(full=True)  # offsets in bounds, valid UTF-8: a corrupt file never reads as text
         except DataError:
             raise
-        except (pa.ArrowException, OSError, EOFError, ValueError) as e:
+        except _damage() as e:
             raise DataError(f"{where}: cannot read column {self.text_field!r} ({type(e).__name__}: {e})") from None
         if batch.num_rows != stop - first:
             raise DataError(f"{where}: {batch.num_rows} records, but the index says {stop - first}; rebuild the manifest (zephon index)")
