@@ -17,7 +17,7 @@ import numpy as np
 from zephon_core.errors import DataError
 from zephon_core.sources.base import Source, content_fingerprint, default_name, open_fs
 from zephon_core.sources.byte_access import ByteFile, open_bytes
-from zephon_core.sources.files import Access, FileStat
+from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
 from zephon_core.sources.registry import SourceArgs, register_format
 from zephon_core.sources.sharded import ShardedSource
@@ -29,7 +29,8 @@ class ParquetFile(Source):
     """Rows of one Parquet file; a document is the ``text_field`` column's string."""
 
     def __init__(self, path: str, text_field: str = "text", *, name: str | None = None, storage_options: dict[str, Any] | None = None,
-                 known: ShardMeta | None = None, attempts: int = 5, allow_empty: bool = False, etag: str | None = None) -> None:
+                 known: ShardMeta | None = None, access: Access = DEFAULT_ACCESS, allow_empty: bool = False,
+                 etag: str | None = None) -> None:
         import pyarrow.parquet as pq
 
         self.path = str(path)
@@ -39,7 +40,7 @@ class ParquetFile(Source):
         sample: dict[str, Any] = {"size": known.size, "sample_blake2b": known.sample_blake2b} if known else content_fingerprint(self._fs, self._fspath)
         self._fingerprint = {"kind": ParquetSource.kind, "text_field": text_field, **sample}
         stat = FileStat(self._fspath, int(sample["size"]), etag)
-        self._bytes = open_bytes(self._fs, self._fspath, int(sample["size"]), str(sample["sample_blake2b"]), Access(attempts=attempts), stat)
+        self._bytes = open_bytes(self._fs, self._fspath, int(sample["size"]), str(sample["sample_blake2b"]), access, stat)
         try:
             self._file = pq.ParquetFile(ByteFile(self._bytes, self.path))
         except DataError:
@@ -115,10 +116,12 @@ class ParquetSource(ShardedSource):
     pretokenized = False
 
     def __init__(self, path: str | Sequence[str], text_field: str = "text", *, name: str | None = None,
-                 storage_options: dict[str, Any] | None = None, attempts: int = 5, use_manifest: bool = True,
+                 cache_dir: str | None = None, storage_options: dict[str, Any] | None = None, attempts: int = 5,
+                 local_copy: bool = False, cache_bytes: int | None = None, use_manifest: bool = True,
                  access: Access | None = None) -> None:
         self.text_field = text_field
-        self._init_files(path, name, storage_options, access or Access(attempts=attempts, manifest=use_manifest))
+        access = access or Access(attempts, None if cache_dir is None else str(cache_dir), cache_bytes, local_copy, use_manifest)
+        self._init_files(path, name, storage_options, access)
 
     @classmethod
     def from_args(cls, args: SourceArgs) -> ParquetSource:
@@ -128,5 +131,5 @@ class ParquetSource(ShardedSource):
         return {"text_field": self.text_field}
 
     def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> ParquetFile:
-        return ParquetFile(url, self.text_field, storage_options=self.storage_options, known=meta, attempts=self.access.attempts,
+        return ParquetFile(url, self.text_field, storage_options=self.storage_options, known=meta, access=self.access,
                            allow_empty=not single, etag=stat.etag if stat else None)

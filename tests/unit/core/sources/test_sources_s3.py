@@ -161,3 +161,31 @@ def test_a_parquet_folder_on_s3_from_its_manifest_refuses_a_rewritten_file(s3_en
     assert stale.read([0]) == ["p0-0"]
     with pytest.raises(DataError, match=r"part-2\.parquet: stale: the object changed .*etag"):
         stale.read([3])
+
+
+def test_a_parquet_source_uses_every_access_setting_its_cache_dir_and_local_copy(s3_endpoint, tmp_path):
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zephon_core import ParquetSource
+
+    fs = s3_endpoint.filesystem()
+    shards = [[f"q{k}-{j}" for j in range(4)] for k in range(2)]
+    stored = []
+    for k, rows in enumerate(shards):
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"text": pa.array(rows, type=pa.string())}), buf)
+        stored.append(buf.getvalue())
+        fs.pipe_file(f"{s3_endpoint.bucket}/pqc/part-{k}.parquet", stored[-1])
+    url, so = s3_endpoint.url("pqc"), s3_endpoint.storage_options
+    in_place = ParquetSource(url, storage_options=so, access=Access(cache_dir=str(tmp_path / "none")))
+    assert in_place.read(list(range(8))) == shards[0] + shards[1] and not (tmp_path / "none" / "shards").exists()
+    given = Access(cache_dir=str(tmp_path / "a"), local_copy=True)  # as a recipe's access settings arrive
+    for cache, make in [("a", lambda: ParquetSource(url, storage_options=so, access=given)),
+                        ("k", lambda: ParquetSource(url, storage_options=so, cache_dir=str(tmp_path / "k"), local_copy=True))]:
+        src = make()
+        assert src.read(list(range(8))) == shards[0] + shards[1]
+        copies = sorted(p.read_bytes() for p in (tmp_path / cache / "shards").glob("*.bin"))
+        assert copies == sorted(stored), "each shard copied whole into the cache_dir's shard cache, and read from there"
