@@ -96,7 +96,10 @@ def _faults_happened(run: Drill) -> None:
     lines = [line for replica_lines in run.logs.values() for line in replica_lines]
     died = {line["replica"]: (line["step"], line["died"]) for line in lines if line.get("died")}
     assert died == {r.rid: (r.die_at, r.die_when) for r in SCRIPT if r.die_at is not None}
-    assert any(line["committed"] is False and line["step"] == 3 for line in run.logs[0]), "step 3 was not retried"
+    # A survivor's attempt at step 3 failed with r1 and was retried without it (which survivor depends on who was in
+    # the quorum when r1 died: under load r0 may come up late and first join at the retry).
+    assert any(line["committed"] is False and line["step"] == 3 for rid in (0, 2) for line in run.logs[rid]), \
+        "step 3 was not retried"
     for r in SCRIPT:
         if r.join_at is not None:
             first = next(line for line in run.logs[r.rid] if line["committed"])
