@@ -2,7 +2,8 @@
 
 ``work_source`` defines the interface (``WorkSource``, ``Chunk``) and the per-chunk
 interleave; ``order`` maps positions of a source's stream to its documents;
-``mixture`` is the fixed-weight mixture; ``stages`` the staged one (its
+``mixture_base`` is what both mixtures share (``Mixture``); ``mixture`` is the
+fixed-weight mixture; ``stages`` the staged one (its
 ``schedule``, ``token_index`` for token weights, ``stage_report`` for
 ``explain``); ``permutation`` the seekable permutations.
 """

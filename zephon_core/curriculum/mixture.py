@@ -17,27 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.curriculum.order import BlockShuffle, EpochPermutation, SourceOrder
-from zephon_core.curriculum.work_source import Chunk, WorkSource, interleave
+from zephon_core.curriculum.mixture_base import EXHAUSTION_POLICIES, Mixture, largest_remainder
 from zephon_core.errors import ConfigError
 from zephon_core.sources.base import Source
-from zephon_core.validation import is_int, require_choice, require_int, require_positive_number
+from zephon_core.validation import is_int, require_positive_number
 
-EXHAUSTION_POLICIES = ("repeat", "stop")
-
-
-def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
-    """Integer shares of ``total`` proportional to ``weights`` (Hamilton's method)."""
-    s = math.fsum(weights)
-    quotas = [w / s * total for w in weights]
-    counts = [math.floor(q) for q in quotas]
-    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - counts[i]), i))
-    for i in order[: total - sum(counts)]:
-        counts[i] += 1
-    return counts
+__all__ = ["EXHAUSTION_POLICIES", "StaticMixture", "largest_remainder"]
 
 
-class StaticMixture(WorkSource):
+class StaticMixture(Mixture):
     """A fixed-weight mixture of sources, cut into chunks of ``chunk_size`` documents.
 
     Args:
@@ -59,6 +47,8 @@ class StaticMixture(WorkSource):
         block_window: blocks per window in block mode.
     """
 
+    kind = "static_mixture"
+
     def __init__(
         self,
         sources: Sequence[Source],
@@ -71,49 +61,26 @@ class StaticMixture(WorkSource):
         block_size: int | None = None,
         block_window: int = 8,
     ) -> None:
-        sources = list(sources)
-        if not sources:
-            raise ConfigError("StaticMixture needs at least one source")
-        if weights is None:
-            weights = [1.0] * len(sources)
-        weights = list(weights)
+        super().__init__(sources, seed=seed, chunk_size=chunk_size, exhausted=exhausted, shuffle=shuffle,
+                         block_size=block_size, block_window=block_window)
+        sources = self.sources
+        weights = [1.0] * len(sources) if weights is None else list(weights)
         if len(weights) != len(sources):
             raise ConfigError(f"StaticMixture: {len(weights)} weights for {len(sources)} sources")
         for i, w in enumerate(weights):
             require_positive_number(w, f"weights[{i}] (source {sources[i].name!r})")
         # Plain Python numbers: NumPy scalars are accepted but must not leak into the JSON state.
-        weights = [int(w) if is_int(w) else float(w) for w in weights]
-        chunk_size = require_int(chunk_size, "chunk_size", 1)
-        require_choice(exhausted, "exhausted", EXHAUSTION_POLICIES)
-        seed = require_int(seed, "seed")
-        if block_size is not None:
-            block_size = require_int(block_size, "block_size", 1)
-        block_window = require_int(block_window, "block_window", 1)
-        counts = largest_remainder(weights, chunk_size)
-        for i, c in enumerate(counts):
+        self.weights = [int(w) if is_int(w) else float(w) for w in weights]
+        self.counts = largest_remainder(self.weights, self.chunk_size)
+        for i, c in enumerate(self.counts):
             if c == 0:
                 raise ConfigError(
                     f"weights[{i}] (source {sources[i].name!r}) is too small to get one document of a chunk of "
-                    f"{chunk_size}; raise chunk_size to at least {math.ceil(math.fsum(weights) / weights[i])}"
+                    f"{self.chunk_size}; raise chunk_size to at least {math.ceil(math.fsum(self.weights) / self.weights[i])}"
                 )
-        self.sources = sources
-        self.weights = weights
-        self.seed = seed
-        self.chunk_size = chunk_size
-        self.exhausted = exhausted
-        self.shuffle = shuffle
-        self.counts = counts
         self._sizes = [len(s) for s in sources]
-        self.block_size, self.block_window = block_size, block_window
-        self._orders = [self._order(n, i) for i, n in enumerate(self._sizes)]
-        self._num_chunks = None if exhausted == "repeat" else min(math.ceil(n / c) for n, c in zip(self._sizes, counts))
-
-    def _order(self, n: int, source: int) -> SourceOrder:
-        if not self.shuffle:
-            return SourceOrder(n)
-        if self.block_size is not None:
-            return BlockShuffle(n, self.seed, source, self.block_size, self.block_window)
-        return EpochPermutation(n, self.seed, source)
+        self._num_chunks = None if self.exhausted == "repeat" else min(
+            math.ceil(n / c) for n, c in zip(self._sizes, self.counts))
 
     @property
     def chunks_per_epoch(self) -> int:
@@ -140,38 +107,19 @@ class StaticMixture(WorkSource):
         pos = p.reshape(len(gs), c)
         return [r[q < n] for r, q in zip(rows, pos)]
 
-    def chunks(self, gs: Sequence[int]) -> list[Chunk | None]:
-        """``[self.chunk(g) for g in gs]``, computed together (same values, far fewer NumPy calls)."""
-        for g in gs:
-            if g < 0:
-                raise IndexError(g)
-        live = [g for g in gs if self._num_chunks is None or g < self._num_chunks]
-        per_source = [self._positions_many(s, live) for s in range(len(self.sources))] if live else []
-        by_g = interleave(live, per_source, self.seed, self.shuffle)
-        return [by_g.get(g) for g in gs]
+    def _documents(self, live: Sequence[int]) -> list[list[np.ndarray]]:
+        return [self._positions_many(s, live) for s in range(len(self.sources))]
 
     def definition(self) -> dict[str, Any]:
         """Everything that defines the curriculum, for fingerprints and diffs."""
-        out: dict[str, Any] = {
-            "kind": "static_mixture",
-            "seed": self.seed,
-            "chunk_size": self.chunk_size,
-            "exhausted": self.exhausted,
-            "shuffle": self.shuffle,
-            "sources": [{"name": s.name, "weight": w, **s.fingerprint()} for s, w in zip(self.sources, self.weights)],
-        }
-        order = self._orders[0].definition()
-        if order is not None:  # only block mode adds a key: every other definition stays as it was
-            out["order"] = order
-        return out
+        return self._definition([{"name": s.name, "weight": w, **s.fingerprint()} for s, w in zip(self.sources, self.weights)])
 
     def stage_shares(self) -> list[tuple[str, list[float]]]:
         total = math.fsum(self.weights)
         return [("documents", [w / total for w in self.weights])]
 
     def describe(self) -> list[str]:
-        order = f", block_size={self.block_size}, block_window={self.block_window}" if self.block_size and self.shuffle else ""
-        lines = [f"StaticMixture(seed={self.seed}, chunk_size={self.chunk_size}, exhausted={self.exhausted!r}{order})"]
+        lines = [f"StaticMixture({self._settings(with_shuffle=False)})"]
         for s, w, c in zip(self.sources, self.weights, self.counts):
             lines.append(f"  {s.describe()}  weight={w:g} -> {c}/{self.chunk_size} per chunk")
         return lines

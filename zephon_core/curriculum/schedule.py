@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from zephon_core.curriculum.mixture import largest_remainder
+from zephon_core.curriculum.mixture_base import largest_remainder
 from zephon_core.curriculum.token_index import DocumentTokens, TokenIndex
 from zephon_core.errors import ConfigError
 

@@ -30,12 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.curriculum.mixture import EXHAUSTION_POLICIES
-from zephon_core.curriculum.order import BlockShuffle, EpochPermutation, SourceOrder
+from zephon_core.curriculum.mixture_base import Mixture
 from zephon_core.curriculum.schedule import Schedule
 from zephon_core.curriculum.stage_report import describe_schedule
 from zephon_core.curriculum.token_index import DocumentTokens, TokenCounter, TokenIndex, measure_tokens
-from zephon_core.curriculum.work_source import Chunk, WorkSource, interleave
 from zephon_core.errors import ConfigError
 from zephon_core.sources.base import Source, gather_index
 from zephon_core.validation import is_int, require_choice, require_int
@@ -120,7 +118,7 @@ def _check_weights(weights: Any, names: Sequence[str], at: str) -> dict[str, flo
     return out
 
 
-class StagedMixture(WorkSource):
+class StagedMixture(Mixture):
     """Sources mixed by stages (``Stage``), cut into chunks of about ``chunk_size`` documents.
 
     Args:
@@ -140,6 +138,8 @@ class StagedMixture(WorkSource):
             a mixture over the same sources): used instead of measuring them again.
     """
 
+    kind = "staged_mixture"
+
     def __init__(
         self,
         sources: Sequence[Source],
@@ -155,9 +155,9 @@ class StagedMixture(WorkSource):
         token_counter: TokenCounter | None = None,
         token_counts: Sequence[DocumentTokens] | None = None,
     ) -> None:
-        sources = list(sources)
-        if not sources:
-            raise ConfigError("StagedMixture needs at least one source")
+        super().__init__(sources, seed=seed, chunk_size=chunk_size, exhausted=exhausted, shuffle=bool(shuffle),
+                         block_size=block_size, block_window=block_window)
+        sources = self.sources
         names = [s.name for s in sources]
         for i, n in enumerate(names):
             if names.index(n) != i:
@@ -165,14 +165,8 @@ class StagedMixture(WorkSource):
         if tokens_per_step is not None:
             tokens_per_step = require_int(tokens_per_step, "tokens_per_step", 1)
         self.stages = check_stages(stages, names, tokens_per_step=tokens_per_step)
-        self.sources = sources
-        self.seed = require_int(seed, "seed")
-        self.chunk_size = require_int(chunk_size, "chunk_size", 1)
-        self.exhausted = require_choice(exhausted, "exhausted", EXHAUSTION_POLICIES)
-        self.shuffle = bool(shuffle)
         self.tokens_per_step = tokens_per_step
         sizes = [len(s) for s in sources]
-        self._orders = [_order(n, self.seed, i, self.shuffle, block_size, block_window) for i, n in enumerate(sizes)]
         weights = [[st.weights.get(n, 0) for n in names] for st in self.stages]
         tokens = self._measure(token_counter, token_counts)
         indices = {}
@@ -208,15 +202,8 @@ class StagedMixture(WorkSource):
     def num_chunks(self) -> int | None:
         return self._schedule.num_chunks
 
-    def chunks(self, gs: Sequence[int]) -> list[Chunk | None]:
-        """``[self.chunk(g) for g in gs]``, computed together."""
-        for g in gs:
-            if g < 0:
-                raise IndexError(g)
+    def _documents(self, live: Sequence[int]) -> list[list[np.ndarray]]:
         end = self._schedule.num_chunks
-        live = [g for g in gs if end is None or g < end]
-        if not live:
-            return [None] * len(gs)
         garr = np.asarray(live, dtype=np.int64)
         per_source = []
         for s, order in enumerate(self._orders):
@@ -229,27 +216,16 @@ class StagedMixture(WorkSource):
             positions = gather_index(lo, counts)
             docs = (index or order).documents(positions) if counts.sum() else np.zeros(0, dtype=np.int64)
             per_source.append(np.split(docs, np.cumsum(counts)[:-1]))
-        by_g = interleave(live, per_source, self.seed, self.shuffle)
-        return [by_g.get(g) for g in gs]
+        return per_source
 
     def definition(self) -> dict[str, Any]:
         """Everything that defines the chunks, for fingerprints and diffs."""
         sched = self._schedule
-        out: dict[str, Any] = {
-            "kind": "staged_mixture",
-            "seed": self.seed,
-            "chunk_size": self.chunk_size,
-            "exhausted": self.exhausted,
-            "shuffle": self.shuffle,
-            "sources": [{"name": s.name, **s.fingerprint()} for s in self.sources],
-            "stages": [_stage_definition(st, plan, sched.names, self.tokens_per_step) for st, plan in zip(self.stages, sched.plans)],
-        }
-        order = self._orders[0].definition()
-        if order is not None:  # block mode, as in StaticMixture's definition
-            out["order"] = order
+        stages = [_stage_definition(st, plan, sched.names, self.tokens_per_step) for st, plan in zip(self.stages, sched.plans)]
+        more: dict[str, Any] = {"stages": stages}
         if sched.tokens is not None:
-            out["token_estimates"] = {n: dict(t.method) for n, t in zip(sched.names, sched.tokens)}
-        return out
+            more["token_estimates"] = {n: dict(t.method) for n, t in zip(sched.names, sched.tokens)}
+        return self._definition([{"name": s.name, **s.fingerprint()} for s in self.sources], **more)
 
     def planned_tokens(self, g: int) -> float | None:
         """Planned tokens before global chunk ``g`` (None where token counts are not measured)."""
@@ -273,19 +249,7 @@ class StagedMixture(WorkSource):
         return describe_schedule(self._schedule, self.stages, self.sources, self._header(), self.tokens_per_step)
 
     def _header(self) -> str:
-        order = self._orders[0].definition()
-        blocks = f", block_size={order['block_size']}, block_window={order['window']}" if order else ""
-        return (f"StagedMixture(seed={self.seed}, chunk_size={self.chunk_size}, exhausted={self.exhausted!r}, shuffle={self.shuffle}{blocks}): "
-                f"{len(self.stages)} stage(s) over {len(self.sources)} source(s)")
-
-
-def _order(n: int, seed: int, source: int, shuffle: bool, block_size: int | None, block_window: int) -> SourceOrder:
-    """Source ``source``'s order, as ``StaticMixture`` builds it (the same documents at every position)."""
-    if not shuffle:
-        return SourceOrder(n)
-    if block_size is not None:
-        return BlockShuffle(n, seed, source, require_int(block_size, "block_size", 1), require_int(block_window, "block_window", 1))
-    return EpochPermutation(n, seed, source)
+        return f"StagedMixture({self._settings(with_shuffle=True)}): {len(self.stages)} stage(s) over {len(self.sources)} source(s)"
 
 
 def _stage_definition(st: Stage, plan: Any, names: Sequence[str], tokens_per_step: int | None) -> dict[str, Any]:

@@ -83,7 +83,8 @@ MIXTURES = {
     "staged_file_order": _staged(THREE, seed=6, chunk_size=8, shuffle=False),
     "staged_token_starts": _staged(
         [Stage({"s0": 1, "s2": 1}, name="a"), Stage({"s0": 1, "s1": 2}, name="b", start_tokens=900, weight_by="tokens"),
-         Stage({"s1": 1, "s2": 1}, name="c", start_step=40, weight_by="tokens")], seed=8, chunk_size=8, tokens_per_step=34),
+         Stage({"s1": 1, "s2": 1}, name="c", start_step=40, weight_by="tokens")],
+        seed=8, chunk_size=8, tokens_per_step=34),
     "staged_text_tokens": _staged(
         [Stage({"s0": 1, "text": 1}, name="a", weight_by="tokens"),
          Stage({"s1": 1, "text": 2}, name="b", start_tokens=500, weight_by="tokens")], text=True, seed=1, chunk_size=8),
