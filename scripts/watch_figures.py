@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from zephon_core.integration.batch_log import log_line
 from zephon_core.recipe import load_recipe
-from zephon_core.tools.audit import log_line
 from zephon_core.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,3 +26,11 @@ class StateError(ZephonError, ValueError):
 
 class AggregationError(ZephonError, RuntimeError):
     """Ranks could not agree on a checkpoint (timeout, mismatch, bad round)."""
+
+
+class IntegrationError(ConfigError):
+    """A training run an adapter refuses to start, or a loader state it cannot use."""
+
+
+class CliError(ZephonError):
+    """A user-facing failure of the ``zephon`` command line: printed as one line, exit status 1."""

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from torchtitan_cpu import harness
-from zephon_core.tools.audit import read_batch_log
+from zephon_core.integration.batch_log import read_batch_log
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "data" / "tt_train.toml"

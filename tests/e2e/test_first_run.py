@@ -21,7 +21,7 @@ from harnesses import load
 from support.cli import zephon
 from support.doc_commands import ROOT, after, find
 
-from zephon_core.tools.audit import read_batch_log
+from zephon_core.integration.batch_log import read_batch_log
 
 pytestmark = pytest.mark.e2e
 tt = load("torchtitan")

@@ -41,7 +41,7 @@ import pytest
 from harnesses import load
 from support.tensorboard_events import scalars
 
-from zephon_core.tools.audit import read_batch_log
+from zephon_core.integration.batch_log import read_batch_log
 
 h = load("megatron")
 STEPS = [1, 2, 3, 4, 5, 6]

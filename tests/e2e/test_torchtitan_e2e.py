@@ -15,7 +15,7 @@ import pytest
 from support.tensorboard_events import scalars
 from torchtitan_cpu.runs import GLOBAL_BATCH, LOCAL_BATCH, SEQ_LEN, best_fit_recipe, launch, steps_of
 
-from zephon_core.tools.audit import read_batch_log
+from zephon_core.integration.batch_log import read_batch_log
 
 pytestmark = pytest.mark.e2e
 C = 4  # configs/data/tt_train.toml

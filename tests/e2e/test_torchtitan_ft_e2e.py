@@ -23,7 +23,7 @@ import pytest
 from torchtitan_cpu import harness
 from torchtitan_cpu.runs import ASSETS, LOCAL_BATCH, RECIPE, ROOT, SEQ_LEN
 
-from zephon_core.tools.audit import read_batch_log
+from zephon_core.integration.batch_log import read_batch_log
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("torchft")

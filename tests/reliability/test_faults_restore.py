@@ -15,7 +15,7 @@ from relkit import C, M, by_step, compare, reference
 from zephon_core import AggregationError, StateError, ZephonError, merge_states
 from zephon_core.checkpoint.records import decode_round, encode_part
 from zephon_core.checkpoint.state import checksum_of
-from zephon_core.tools.state_readers import StateReadError, load_state
+from zephon_core.integration.state_readers import StateReadError, load_state
 
 STEPS = 3
 

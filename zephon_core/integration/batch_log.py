@@ -12,12 +12,15 @@ in them. The global step of a batch is
 ``lane_index // (batches_per_step / canonical_replicas)`` on every topology,
 so logs of runs on different numbers of ranks compare step by step.
 Lines of the first format (``lane lane_index digest``) are still read.
+
+An adapter wraps the batches it trains on in ``audited(batches, rank)``, which logs each one as it
+is taken; ``read_batch_log`` reads a log back.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple, TextIO
 
@@ -37,6 +40,35 @@ def open_batch_log(rank: int) -> TextIO | None:
     path = pattern.replace("{rank}", str(rank))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     return open(path, "a", encoding="utf-8", buffering=1)
+
+
+class Audited(Iterator[Batch]):
+    """``batches`` as they are taken, each written to the batch log first (when one is open);
+    ``close()`` closes the log. ``iter(batches)`` is called at the first batch, not before."""
+
+    def __init__(self, batches: Iterable[Batch], log: TextIO | None) -> None:
+        self._batches = batches
+        self._it: Iterator[Batch] | None = None
+        self.log = log
+
+    def __next__(self) -> Batch:
+        if self._it is None:
+            self._it = iter(self._batches)
+        batch = next(self._it)
+        if self.log is not None:
+            self.log.write(log_line(batch))
+        return batch
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+def audited(batches: Iterable[Batch], rank: int) -> Audited:
+    """``batches``, each logged to ``ZEPHON_BATCH_LOG`` for ``rank`` (opened now) as it is taken;
+    unchanged when it is unset."""
+    return Audited(batches, open_batch_log(rank))
 
 
 class LoggedBatch(NamedTuple):
@@ -80,7 +112,8 @@ def parse_line(line: str, where: str = "batch log") -> LoggedBatch:
                                _parse_pairs(fields[5]))
     except ValueError:
         pass
-    raise DataError(f"{where}: not a batch audit line (want 'lane lane_index digest stage tokens documents'): {line.strip()[:80]!r}")
+    raise DataError(f"{where}: not a batch audit line (want 'lane lane_index digest stage tokens documents'): "
+                    f"{line.strip()[:80]!r}")
 
 
 def read_batch_log(path: str | os.PathLike[str]) -> Iterator[LoggedBatch]:

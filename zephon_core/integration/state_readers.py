@@ -64,8 +64,9 @@ def load_state(path: str, readers: list[StateReader] | None = None) -> dict[str,
         with open(path, encoding="utf-8") as f:
             state = json.load(f)
     except IsADirectoryError:
-        raise StateReadError(f"{path}: a folder, and no installed adapter reads it as a checkpoint; pass a state's .json file, "
-                             "or install the adapter that wrote it (pip install 'zephon-suite[torchtitan]')") from None
+        raise StateReadError(f"{path}: a folder, and no installed adapter reads it as a checkpoint; "
+                             "pass a state's .json file, or install the adapter that wrote it "
+                             "(pip install 'zephon-suite[torchtitan]')") from None
     except OSError as e:
         raise StateReadError(f"{path}: {e.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -14,6 +14,7 @@ from typing import Any
 
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.integration.state_readers import load_state
 from zephon_core.tools import curriculum_audit
 from zephon_core.tools.errors import CliError, debug_option, run
 from zephon_core.tools.from_megatron import add_from_megatron_parser
@@ -22,7 +23,6 @@ from zephon_core.tools.init import add_init_parser
 from zephon_core.tools.progress import Progress
 from zephon_core.tools.report import add_plan_plot_options, add_report_parser
 from zephon_core.tools.shape import add_shape_options
-from zephon_core.tools.state_readers import load_state
 
 
 # -- loading ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from zephon_core.errors import ZephonError
+from zephon_core.errors import CliError, ZephonError
 
 #: Optional packages -> the zephon-suite extra that installs them.
 EXTRAS = {
@@ -26,9 +26,7 @@ EXTRAS = {
     "matplotlib": "plot",
 }
 
-
-class CliError(Exception):
-    """A user-facing failure: printed as one line, exit status 1."""
+__all__ = ["EXTRAS", "CliError", "debug_option", "one_line", "run"]
 
 
 def debug_option(p: argparse.ArgumentParser, default: Any) -> None:

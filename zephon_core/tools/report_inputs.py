@@ -21,9 +21,9 @@ from typing import Any
 
 from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.errors import DataError, StateError
-from zephon_core.tools.audit import LoggedBatch, parse_line, read_batch_log
+from zephon_core.integration.batch_log import LoggedBatch, parse_line, read_batch_log
+from zephon_core.integration.state_readers import StateReadError, load_state
 from zephon_core.tools.errors import CliError
-from zephon_core.tools.state_readers import StateReadError, load_state
 
 # A checkpoint of a series: TorchTitan's step-N folders, Megatron's iter_NNNNNNN ones (or such JSON files).
 STEP_NAME = re.compile(r"(?:step-|iter_)(\d+)(?:\.json)?")

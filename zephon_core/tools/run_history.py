@@ -23,8 +23,8 @@ import numpy as np
 from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import DataError
+from zephon_core.integration.batch_log import LoggedBatch
 from zephon_core.metrics import sum_tallies
-from zephon_core.tools.audit import LoggedBatch
 
 
 @dataclass(frozen=True)

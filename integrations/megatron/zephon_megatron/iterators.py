@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from zephon_core import Batch, Pipeline
-from zephon_core.tools import audit as batch_audit
+from zephon_core.integration import Audited, audited
+from zephon_core.integration import open_batch_log as open_rank_log
 from zephon_megatron import state as loader_state
 from zephon_megatron.batches import BatchFormat, to_megatron, to_torch
 from zephon_megatron.broadcast import BatchMeta, MicroBatch
@@ -29,12 +30,16 @@ from zephon_megatron.schedule import StepCounter
 from zephon_megatron.validate import ZephonMegatronError
 
 
-def open_batch_log() -> Any:
-    """``zephon_core.tools.audit``'s log for this process's global rank (None when unset)."""
+def global_rank() -> int:
+    """This process's global rank (0 before ``torch.distributed`` is initialised)."""
     import torch.distributed as dist
 
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    return batch_audit.open_batch_log(rank)
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def open_batch_log() -> Any:
+    """The batch log (``zephon_core.integration.batch_log``) of this process's global rank (None when unset)."""
+    return open_rank_log(global_rank())
 
 
 def micro_batch(b: Batch, fmt: BatchFormat, *, audit: bool = True) -> MicroBatch:
@@ -73,8 +78,7 @@ class TrainStream:
         self._readers: list[ZephonTrainIterator] = []
         self._buffer: deque[MicroBatch] = deque()  # taken, not yet read by every reader
         self._base = 0  # stream position of _buffer[0]
-        self._it: Iterator[Batch] | None = None
-        self._log = open_batch_log()
+        self._batches: Audited = audited(pipeline, global_rank())  # iterated from the first micro-batch taken
 
     def reader(self) -> ZephonTrainIterator:
         """A new data iterator for one more model chunk."""
@@ -93,11 +97,7 @@ class TrainStream:
         return _copy(mb) if len(self._readers) > 1 else mb
 
     def _take(self) -> None:
-        if self._it is None:
-            self._it = iter(self.pipeline)
-        b = next(self._it)
-        if self._log is not None:
-            self._log.write(batch_audit.log_line(b))
+        b = next(self._batches)
         self._buffer.append(micro_batch(b, self.fmt))
         self.produced += 1
         self.counter.count()
@@ -134,9 +134,7 @@ class TrainStream:
     def close(self) -> None:
         """Stop the Pipeline's threads and close the audit log; no more micro-batches are read."""
         self.pipeline.close()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self._batches.close()
 
 
 class ZephonTrainIterator:

@@ -47,12 +47,12 @@ from typing import Any
 from zephon_core import Pipeline
 from zephon_core.integration import (
     Coordination,
+    Recipe,
     load_training_recipe,
     pipeline_options,
     resolve_canonical_replicas,
     resolve_coordination,
 )
-from zephon_core.recipe import Recipe
 from zephon_megatron import state as loader_state
 from zephon_megatron.args import Settings, fill_eval_interval, is_requested, to_external
 from zephon_megatron.batches import BatchFormat

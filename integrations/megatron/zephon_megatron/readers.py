@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon_core.tools.state_readers import StateReader
+from zephon_core.integration import StateReader
 
 
 def _read(path: str) -> dict[str, Any]:

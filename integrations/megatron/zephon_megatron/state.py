@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_core import StateError
-from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.integration import parse_lanes
 from zephon_megatron.validate import ZephonMegatronError
 
 FORMAT = "zephon.megatron.loader_state"

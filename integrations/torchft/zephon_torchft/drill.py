@@ -43,13 +43,9 @@ from torchft.data import DistributedSampler
 from torchft.optim import OptimizerWrapper
 from torchft.process_group import ProcessGroupGloo
 
-from zephon_core import ZephonError
-from zephon_core.integration import bundled_configs
-from zephon_core.lane.tokenizer_file import load_tokenizer
+from zephon_core import Pipeline, ZephonError
+from zephon_core.integration import Recipe, bundled_configs, load_recipe, load_tokenizer, write_atomically
 from zephon_core.live import LiveLanes
-from zephon_core.pipeline import Pipeline
-from zephon_core.recipe import Recipe, load_recipe
-from zephon_core.sources.atomic import write_atomically
 from zephon_torchft.drill_model import DocumentRows, TinyLM, batch_rows, build_model, train_attempt
 from zephon_torchft.live import LiveData
 

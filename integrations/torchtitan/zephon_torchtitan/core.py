@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from zephon_core import Pipeline
-from zephon_core.batch import Batch
+from zephon_core import Batch, Pipeline
 from zephon_core.integration import (
     IntegrationError,
     Terms,
     Topology,
+    audited,
     load_training_recipe,
     next_multiple,
     pipeline_options,
@@ -29,7 +29,6 @@ from zephon_core.integration import (
     resolve_coordination,
     topology_problems,
 )
-from zephon_core.tools.audit import log_line, open_batch_log
 from zephon_torchtitan.settings import (
     DEFAULT_STATE_CAPACITY as DEFAULT_STATE_CAPACITY,  # re-exported beside the slot it sizes
 )
@@ -145,10 +144,7 @@ class ZephonStream:
                                    "not by iterating the loader")
         if self._iter is None:
             self._iter = iter(self.pipeline)
-        audit = open_batch_log(coordination_identity()[1])
-        for b in self._iter:
-            if audit is not None:
-                audit.write(log_line(b))
+        for b in audited(self._iter, coordination_identity()[1]):
             yield to_torchtitan(b)
 
     # -- checkpoint slot ------------------------------------------------------

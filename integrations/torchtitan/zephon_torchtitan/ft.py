@@ -42,10 +42,8 @@ from torchtitan.experiments.torchft.optimizer import TorchFTOptimizersContainer
 from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.trainer import Trainer
 
-from zephon_core.integration import IntegrationError, load_training_recipe
+from zephon_core.integration import BATCH_LOG_ENV, IntegrationError, load_training_recipe, log_line, open_batch_log
 from zephon_core.live import LiveLanes, LiveStep
-from zephon_core.tools.audit import ENV as BATCH_LOG_ENV
-from zephon_core.tools.audit import log_line, open_batch_log
 from zephon_torchft import LiveData
 from zephon_torchtitan.core import IGNORE_INDEX, ZephonStream, coordination_identity, to_torchtitan
 from zephon_torchtitan.tt03 import ZephonDataLoader, fill_batch_sizes

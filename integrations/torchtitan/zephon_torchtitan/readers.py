@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from zephon_core.tools.state_readers import StateReader
+from zephon_core.integration import StateReader
 
 
 def _read(path: str) -> dict[str, Any]:

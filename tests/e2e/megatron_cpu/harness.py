@@ -34,7 +34,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zephon_core.tools.audit import read_batch_log
+from zephon_core.integration.batch_log import read_batch_log
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 
 from zephon_core import MemorySource, Pipeline, StaticMixture  # noqa: E402
-from zephon_core.tools.audit import read_batch_log  # noqa: E402
+from zephon_core.integration.batch_log import read_batch_log  # noqa: E402
 from zephon_megatron.batches import BatchFormat  # noqa: E402
 from zephon_megatron.iterators import TrainStream  # noqa: E402
 from zephon_megatron.metrics import MegatronMetrics  # noqa: E402

@@ -66,3 +66,38 @@ def test_no_import_cycles_between_the_modules_of_an_adapter(adapter):
              for name, p in modules.items()}
     cycle = find_cycle(edges)
     assert not cycle, " -> ".join(cycle)
+
+
+#: The core's doors for the adapters: ``zephon_core`` itself, ``zephon_core.integration`` (and its modules)
+#: and live mode's public package; nothing else of the core (docs/architecture.md).
+DOORS = ("zephon_core", "zephon_core.integration", "zephon_core.live")
+
+
+def _through_a_door(module: str) -> bool:
+    return any(module == door or module.startswith(door + ".") for door in DOORS)
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_an_adapter_enters_the_core_only_through_its_doors(adapter):
+    folder, _ = ADAPTERS[adapter]
+    wrong = set()
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            wrong |= {f"{path.name}: {m}" for m in names if m.split(".")[0] == "zephon_core" and not _through_a_door(m)}
+    assert not wrong, sorted(wrong)
+
+
+def test_what_the_adapters_take_from_the_doors_is_there():
+    import importlib
+
+    missing = set()
+    for folder, _ in ADAPTERS.values():
+        for path in folder.glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and node.module and _through_a_door(node.module):
+                    module = importlib.import_module(node.module)
+                    missing |= {f"{path.name}: {node.module}.{a.name}" for a in node.names
+                                if not hasattr(module, a.name)}
+    assert not missing, sorted(missing)

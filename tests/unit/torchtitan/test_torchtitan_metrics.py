@@ -27,7 +27,7 @@ import zephon_torchtitan as zt  # noqa: E402
 import zephon_torchtitan.core as core  # noqa: E402
 import zephon_torchtitan.metrics as ztm  # noqa: E402
 from zephon_core import Pipeline  # noqa: E402
-from zephon_core.tools.audit import read_batch_log  # noqa: E402
+from zephon_core.integration.batch_log import read_batch_log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "configs" / "data" / "tt_train.toml"

@@ -20,8 +20,8 @@ from support.property_strategies import CANONICAL_REPLICAS, divisors, recipes
 
 from zephon_core import DataError, MemorySource, Pipeline, Stage, StagedMixture, StateError, StaticMixture
 from zephon_core.checkpoint.state import checksum_of, parse_lanes
+from zephon_core.integration.batch_log import log_line, parse_line, read_batch_log
 from zephon_core.metrics import COUNTER_NAMES, COUNTERS, sum_tallies
-from zephon_core.tools.audit import log_line, parse_line, read_batch_log
 from zephon_core.tools.simulate import Phase, run_phase
 
 

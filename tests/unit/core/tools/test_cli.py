@@ -113,7 +113,7 @@ def test_trace_rejects_a_step_size_that_is_not_topology_free():
 
 
 def test_framework_checkpoints_are_read_by_registered_readers_not_by_importing_adapters(tmp_path):
-    from zephon_core.tools.state_readers import StateReader, StateReadError, load_state, registered
+    from zephon_core.integration.state_readers import StateReader, StateReadError, load_state, registered
 
     # The adapters register theirs as entry points of the installed distribution.
     assert {"torchtitan", "megatron"} <= {r.name for r in registered()}

@@ -23,9 +23,9 @@ from test_cli import ROOT, zephon
 
 from zephon_core import MemorySource, StaticMixture
 from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.integration.batch_log import log_line, read_batch_log
 from zephon_core.metrics import sum_tallies
 from zephon_core.recipe import load_recipe
-from zephon_core.tools.audit import log_line, read_batch_log
 from zephon_core.tools.cli import build_parser
 from zephon_core.tools.figures import run_picture, shares_of, stage_bars, stage_figures
 from zephon_core.tools.plan_figures import plan_picture, planned_step

@@ -1,0 +1,90 @@
+"""The adapters' one door into the core: everything a training-framework adapter needs, in one place.
+
+An adapter translates framework facts (mesh sizes, batch sizes, its own flag names) into these
+calls and nothing more, and imports only ``zephon_core``, this package (and its modules) and, for
+live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds it to that):
+
+* ``coordination``: the training recipe (``load_training_recipe``), ``canonical_replicas`` and the
+  aggregation settings (``resolve_coordination``), the pipeline options they make, ``bundled_configs``;
+* ``rules``: the start-up rules of the elastic guarantee (``topology_problems``, ``refuse``), worded
+  in the framework's ``Terms``;
+* ``metrics``: ``IntervalMetrics``, ``Pipeline.stats()`` as a framework's logger shows it every interval;
+* ``batch_log``: the per-batch audit log (``ZEPHON_BATCH_LOG``): ``audited(batches, rank)`` writes it,
+  ``read_batch_log`` reads it;
+* ``state_readers``: reading a state out of JSON or, through the readers adapters register, their
+  framework's checkpoints (``StateReader``);
+* ``IntegrationError``: the one error type of an adapter's refusals;
+* and the few core pieces an adapter handles itself: ``Recipe``/``load_recipe``, ``parse_lanes``
+  (a state's lanes, validated), ``load_tokenizer`` and ``write_atomically``.
+"""
+
+from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.errors import IntegrationError
+from zephon_core.integration.batch_log import (
+    ENV as BATCH_LOG_ENV,
+)
+from zephon_core.integration.batch_log import (
+    Audited,
+    LoggedBatch,
+    audited,
+    log_line,
+    open_batch_log,
+    read_batch_log,
+)
+from zephon_core.integration.coordination import (
+    Coordination,
+    bundled_configs,
+    load_training_recipe,
+    pipeline_options,
+    resolve_canonical_replicas,
+    resolve_coordination,
+)
+from zephon_core.integration.metrics import IntervalMetrics, LoggedFigures, console_line
+from zephon_core.integration.rules import (
+    Terms,
+    Topology,
+    divisors,
+    next_multiple,
+    refuse,
+    topology_problems,
+    warn_unknown_step_size,
+)
+from zephon_core.integration.state_readers import StateReader, StateReadError, load_state
+from zephon_core.lane.tokenizer_file import load_tokenizer
+from zephon_core.recipe import Recipe, load_recipe
+from zephon_core.sources.atomic import write_atomically
+
+__all__ = [
+    "BATCH_LOG_ENV",
+    "Audited",
+    "Coordination",
+    "IntegrationError",
+    "IntervalMetrics",
+    "LoggedBatch",
+    "LoggedFigures",
+    "Recipe",
+    "StateReadError",
+    "StateReader",
+    "Terms",
+    "Topology",
+    "audited",
+    "bundled_configs",
+    "console_line",
+    "divisors",
+    "load_recipe",
+    "load_state",
+    "load_training_recipe",
+    "load_tokenizer",
+    "log_line",
+    "next_multiple",
+    "open_batch_log",
+    "parse_lanes",
+    "pipeline_options",
+    "read_batch_log",
+    "refuse",
+    "resolve_canonical_replicas",
+    "resolve_coordination",
+    "topology_problems",
+    "warn_unknown_step_size",
+    "write_atomically",
+]

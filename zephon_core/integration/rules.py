@@ -1,0 +1,95 @@
+"""The start-up rules of the elastic guarantee, every broken one reported at once, worded in the
+framework's own terms (``Terms``): ``topology_problems`` lists them, ``refuse`` raises them as one
+``IntegrationError``; ``warn_unknown_step_size`` when a framework cannot tell the step size."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from zephon_core.errors import IntegrationError
+
+
+@dataclass(frozen=True)
+class Terms:
+    """A framework's names for what the topology rules talk about, so that each message says what to change."""
+
+    dp: str  # what it calls the data-parallel degree, e.g. "data-parallel size"
+    canonical_replicas: str  # where a user sets canonical_replicas, e.g. "--zephon-canonical-replicas"
+    aggregate_dir: str  # where a user sets the aggregation folder
+    run_id: str  # and the run id
+    step: Callable[[int], str]  # batches per optimizer step -> how the framework computes them
+    step_fix: Callable[[int, int], str]  # (canonical_replicas, batches per step) -> which setting to change, to what
+    dp_detail: str = ""  # after the degree, e.g. " (dp_replicate x dp_shard)"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The facts of a run that decide whether it stays inside the elastic guarantee."""
+
+    dp_degree: int
+    canonical_replicas: int | None  # None: not known yet
+    batches_per_step: int | None  # over all data-parallel groups; None: not known
+    world_size: int = 1  # pipelines that checkpoint together
+    aggregate_dir: str | None = None
+    run_id: str | None = None
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def topology_problems(t: Topology, terms: Terms) -> list[str]:
+    """Every rule ``t`` breaks, one sentence each (empty when the run may start)."""
+    out: list[str] = []
+    C, dp = t.canonical_replicas, t.dp_degree
+    if C is not None and C < 1:
+        out.append(f"canonical_replicas={C} must be at least 1")
+    elif C is not None and C % dp:
+        out.append(
+            f"canonical_replicas={C} is not divisible by the {terms.dp} {dp}{terms.dp_detail}: "
+            f"each data-parallel group must own the same number of lanes; "
+            f"run with a {terms.dp} among {divisors(C)}, or start a new run with "
+            f"{terms.canonical_replicas} set to a multiple of {dp} (it cannot change during a run)"
+        )
+    elif C is not None and t.batches_per_step is not None and t.batches_per_step % C:
+        out.append(
+            f"one optimizer step consumes {terms.step(t.batches_per_step)}, "
+            f"which is not a multiple of canonical_replicas={C}; "
+            f"{terms.step_fix(C, t.batches_per_step)} so every step holds the same samples after a resize"
+        )
+    if t.world_size > 1 and (not t.aggregate_dir or not t.run_id):
+        named = ((terms.aggregate_dir, t.aggregate_dir), (terms.run_id, t.run_id))
+        missing = " and ".join(name for name, value in named if not value)
+        out.append(
+            f"{t.world_size} pipelines checkpoint together, merging their progress through a shared folder: "
+            f"set {missing} "
+            "(or [aggregate] dir and run_id in the recipe)"
+        )
+    return out
+
+
+def next_multiple(value: int, of: int) -> int:
+    """The smallest positive multiple of ``of`` that is at least ``value``."""
+    return of * max(1, -(-value // of))
+
+
+def refuse(problems: list[str], error: type[IntegrationError] = IntegrationError) -> None:
+    """Raise ``error`` naming every problem (nothing when there is none)."""
+    if len(problems) == 1:
+        raise error(f"zephon: {problems[0]}")
+    if problems:
+        raise error("zephon: this run cannot start:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def warn_unknown_step_size(framework: str, how: str) -> None:
+    """Say loudly, once per process, that the step-size rule could not be checked."""
+    import warnings
+
+    warnings.warn(
+        f"zephon: {framework} did not tell the loader how many batches one optimizer step consumes, "
+        "so the rule that it is "
+        f"a multiple of canonical_replicas (needed for identical steps after a resize) is NOT checked; {how}",
+        RuntimeWarning,
+        stacklevel=3,
+    )
