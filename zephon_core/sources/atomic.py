@@ -5,9 +5,11 @@ renamed over the target (a rename within a folder is atomic); on an object store
 one PUT is atomic already. Used by the index and shard caches, the index manifest
 and the checkpoint aggregation folder.
 
-There is no fsync: a reader on any node sees the whole file once it is renamed, but
-after a power loss a renamed file may be empty or short. The aggregation records and
-the index cache are validated when read, and such a file is rejected or rebuilt.
+A reader on any node sees the whole file once it is renamed, but after a power loss a
+renamed file may be empty or short unless it was synced: ``durable=True`` syncs the file
+before its rename and its folder after (the shard cache, whose entries are read as they
+are). The aggregation records and the index cache are validated when read, and such a
+file is rejected or rebuilt, so they skip the syncs.
 """
 
 from __future__ import annotations
@@ -57,24 +59,43 @@ class LocalFiles:
 LOCAL_FILES = LocalFiles()
 
 
+def sync_folder(folder: str | os.PathLike[str]) -> None:
+    """Make the renames in ``folder`` durable (a no-op where a folder cannot be opened to sync, as on Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomically(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object],
-                     files: TempFiles = LOCAL_FILES) -> None:
+                     files: TempFiles = LOCAL_FILES, durable: bool = False) -> None:
     """Make the local file ``path`` (mode 0o644) from what ``write(file)`` writes, all at once.
 
     ``write`` fills a temporary file in ``path``'s folder, which must exist; it is then
     renamed over ``path``. If anything fails, the temporary file is removed, ``path``
-    is left as it was and the exception propagates.
+    is left as it was and the exception propagates. ``durable``: the file is synced before
+    the rename and the folder after, so that a power loss leaves the old file or the whole new one.
     """
     target = os.fspath(path)
-    fd, tmp = files.create(os.path.dirname(target) or ".")
+    folder = os.path.dirname(target) or "."
+    fd, tmp = files.create(folder)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             os.fchmod(f.fileno(), MODE)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         files.rename(tmp, target)
     except BaseException:
         files.delete(tmp)
         raise
+    if durable:
+        sync_folder(folder)
 
 
 def put_atomically(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:

@@ -6,6 +6,11 @@ place, so the pipelines of one node can share the folder: a reader sees a whole
 entry or none. Least recently used entries are removed once the folder holds more
 than ``max_bytes``; a reader that loses an entry to eviction between finding and
 opening it simply makes it again.
+
+An entry survives a power loss whole or not at all: it is synced before its rename and
+its folder after, and only then is its size recorded beside it (``<digest>.ok``, synced
+the same way). A hit needs the record and an entry of the recorded size; an entry without
+one (torn, or left by a crash before its record) is made again, never read.
 """
 
 from __future__ import annotations
@@ -44,6 +49,19 @@ def _write_entry(f: IO[bytes], make: Callable[[IO[bytes]], None]) -> None:
     _touch(f.fileno())  # the entry's use time, set before it is renamed into place
 
 
+def _record(entry: Path) -> Path:
+    """Where an entry's size is recorded, once the entry is durable."""
+    return entry.with_suffix(".ok")
+
+
+def _intact(entry: Path) -> bool:
+    """Whether ``entry`` is whole: its size recorded, and the size it has."""
+    try:
+        return int(_record(entry).read_bytes()) == entry.stat().st_size
+    except (OSError, ValueError):
+        return False
+
+
 class ShardCache:
     """Whole files under ``root`` (default: the index cache folder's ``shards/``), at most ``max_bytes``."""
 
@@ -55,17 +73,21 @@ class ShardCache:
         return self.root / (hashlib.blake2b(key.encode(), digest_size=16).hexdigest() + ".bin")
 
     def get(self, key: str, make: Callable[[IO[bytes]], None]) -> Path:
-        """The entry for ``key``, made by ``make(file)`` when missing. Returns a path that exists now."""
+        """The entry for ``key``, made by ``make(file)`` when missing or torn. Returns a path that exists now."""
         path = self.path_for(key)
         for _ in range(3):
-            try:
-                _touch(path)  # a hit: most recently used
-                COUNTERS.add("shard_cache_hits")
-                return path
-            except FileNotFoundError:
-                COUNTERS.add("shard_cache_misses")
+            if _intact(path):
+                try:
+                    _touch(path)  # a hit: most recently used
+                    COUNTERS.add("shard_cache_hits")
+                    return path
+                except FileNotFoundError:
+                    pass
+            COUNTERS.add("shard_cache_misses")
             self.root.mkdir(parents=True, exist_ok=True)
-            write_atomically(path, lambda f: _write_entry(f, make))
+            write_atomically(path, lambda f: _write_entry(f, make), durable=True)
+            record = str(path.stat().st_size).encode()
+            write_atomically(_record(path), lambda f, record=record: f.write(record), durable=True)  # type: ignore[misc]
             self._evict(keep=path)
             if path.exists():
                 return path
@@ -86,6 +108,7 @@ class ShardCache:
             if p == keep:
                 continue
             try:
+                _record(p).unlink(missing_ok=True)  # first: a record never outlives its entry's removal
                 p.unlink()  # an open reader keeps its data (POSIX)
                 total -= size
             except FileNotFoundError:
