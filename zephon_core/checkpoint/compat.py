@@ -17,6 +17,8 @@ What the lanes have read is a matter of the checkpoint's own curriculum: a
 lane inside a partly delivered shuffle window has read to the window's end as
 *that* curriculum filled it, and from ``G`` on its chunks are not the new
 one's. ``checkpoint_curriculum`` rebuilds it over this pipeline's sources.
+Definitions are read with ``curriculum.definition`` (a static mixture as its
+one stage).
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zephon_core.checkpoint.merge import diff_definitions
-from zephon_core.curriculum.mixture import largest_remainder
-from zephon_core.curriculum.stages import Stage, StagedMixture
+from zephon_core.curriculum.definition import Curriculum, parse_curriculum
+from zephon_core.curriculum.stages import StagedMixture
 from zephon_core.curriculum.work_source import WorkSource
-from zephon_core.errors import ConfigError
+from zephon_core.errors import ConfigError, StateError
 
 _GLOBAL = ("kind", "seed", "chunk_size", "exhausted", "shuffle", "order")
 _DATA = ("start_chunk", "weight_by", "weights", "per_chunk")  # what a StaticMixture's one stage can be compared on
@@ -44,21 +46,17 @@ class Divergence:
     reasons: list[str] = field(default_factory=list)
 
 
+def _curriculum(ws: Mapping[str, Any]) -> Curriculum | None:
+    try:
+        return parse_curriculum(ws)
+    except StateError:  # not a mixture this Zephon can read: it differs from the start
+        return None
+
+
 def as_staged(ws: Mapping[str, Any]) -> dict[str, Any] | None:
     """A mixture's definition in the staged form; None for a work source that is neither kind."""
-    if ws.get("kind") == "staged_mixture":
-        return dict(ws)
-    if ws.get("kind") != "static_mixture":
-        return None
-    sources = list(ws.get("sources", []))
-    names = [s.get("name") for s in sources]
-    if len(set(names)) != len(names):  # stages refer to sources by name
-        return None
-    counts = largest_remainder([s["weight"] for s in sources], ws["chunk_size"])
-    stage = {"start_chunk": 0, "weight_by": "documents", "weights": {s["name"]: s["weight"] for s in sources},
-             "per_chunk": dict(zip(names, counts))}
-    return {**{k: ws.get(k) for k in _GLOBAL}, "kind": "staged_mixture", "sources": [{k: v for k, v in s.items() if k != "weight"} for s in sources],
-            "stages": [stage], "static": True}
+    c = _curriculum(ws)
+    return c.staged_form() if c is not None else None
 
 
 def _label(stage: Mapping[str, Any], i: int, root: str) -> str:
@@ -133,35 +131,25 @@ def checkpoint_curriculum(old: Mapping[str, Any], like: WorkSource) -> StagedMix
         ConfigError: it cannot be rebuilt, with the reason (a source the checkpoint's stages read is
             gone, or the token counts it needs cannot be measured without the run's tokenizer).
     """
-    staged = as_staged(old)
+    staged = _curriculum(old)
     sources = list(getattr(like, "sources", None) or [])
-    if staged is None or not sources:
+    if staged is None or staged.staged_form() is None or not sources:
         raise ConfigError("the checkpoint's work source is not a staged or static mixture over this pipeline's sources")
-    n = len(staged["sources"])
+    n = len(staged.sources)
     if n > len(sources):
-        gone = ", ".join(repr(s["name"]) for s in staged["sources"][len(sources):])
+        gone = ", ".join(repr(name) for name in staged.names[len(sources):])
         raise ConfigError(f"source(s) {gone} of the checkpoint's curriculum are not in this pipeline")
     schedule = getattr(like, "schedule", None)
     tokens = schedule.tokens if schedule is not None else None
-    order = staged.get("order") or {}
-    stages, tokens_per_step = _stages_of(staged["stages"])
+    order = staged.order or {}
+    stages = [st.stage(first=i == 0) for i, st in enumerate(staged.stages)]
+    tokens_per_step = next((st.tokens_per_step for st in reversed(staged.stages[1:]) if st.tokens_per_step), None)
     rebuilt = StagedMixture(
-        sources[:n], stages, seed=staged["seed"], chunk_size=staged["chunk_size"], exhausted=staged["exhausted"],
-        shuffle=staged["shuffle"], block_size=order.get("block_size"), block_window=order.get("window", 8),
+        sources[:n], stages, seed=staged.seed, chunk_size=staged.chunk_size, exhausted=staged.exhausted,
+        shuffle=staged.shuffle, block_size=order.get("block_size"), block_window=order.get("window", 8),
         tokens_per_step=tokens_per_step or getattr(like, "tokens_per_step", None),
         token_counts=tokens[:n] if tokens is not None else None,
     )
     if divergence(old, rebuilt.definition()) is not None:
         raise ConfigError("this pipeline's sources do not rebuild the checkpoint's curriculum")
     return rebuilt
-
-
-def _stages_of(definitions: list[Mapping[str, Any]]) -> tuple[list[Stage], int | None]:
-    """Stages from their definitions, each starting as it was given, and the tokens per step of step starts."""
-    stages, tokens_per_step = [], None
-    for i, d in enumerate(definitions):
-        start = (d.get("start") or {"chunk": d.get("start_chunk")}) if i else {}
-        tokens_per_step = start.get("tokens_per_step", tokens_per_step)
-        starts = {f"start_{unit}": start.get(unit) for unit in ("chunk", "tokens", "step")}
-        stages.append(Stage(dict(d["weights"]), d.get("name"), weight_by=d.get("weight_by", "documents"), **starts))
-    return stages, tokens_per_step

@@ -76,7 +76,8 @@ class StaticMixture(Mixture):
             if c == 0:
                 raise ConfigError(
                     f"weights[{i}] (source {sources[i].name!r}) is too small to get one document of a chunk of "
-                    f"{self.chunk_size}; raise chunk_size to at least {math.ceil(math.fsum(self.weights) / self.weights[i])}"
+                    f"{self.chunk_size}; raise chunk_size to at least "
+                    f"{math.ceil(math.fsum(self.weights) / self.weights[i])}"
                 )
         self._sizes = [len(s) for s in sources]
         self._num_chunks = None if self.exhausted == "repeat" else min(
@@ -112,7 +113,8 @@ class StaticMixture(Mixture):
 
     def definition(self) -> dict[str, Any]:
         """Everything that defines the curriculum, for fingerprints and diffs."""
-        return self._definition([{"name": s.name, "weight": w, **s.fingerprint()} for s, w in zip(self.sources, self.weights)])
+        sources = [{"name": s.name, "weight": w, **s.fingerprint()} for s, w in zip(self.sources, self.weights)]
+        return self._definition(sources)
 
     def stage_shares(self) -> list[tuple[str, list[float]]]:
         total = math.fsum(self.weights)

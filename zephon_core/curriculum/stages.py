@@ -221,7 +221,8 @@ class StagedMixture(Mixture):
     def definition(self) -> dict[str, Any]:
         """Everything that defines the chunks, for fingerprints and diffs."""
         sched = self._schedule
-        stages = [_stage_definition(st, plan, sched.names, self.tokens_per_step) for st, plan in zip(self.stages, sched.plans)]
+        stages = [_stage_definition(st, plan, sched.names, self.tokens_per_step)
+                  for st, plan in zip(self.stages, sched.plans)]
         more: dict[str, Any] = {"stages": stages}
         if sched.tokens is not None:
             more["token_estimates"] = {n: dict(t.method) for n, t in zip(sched.names, sched.tokens)}
@@ -249,7 +250,8 @@ class StagedMixture(Mixture):
         return describe_schedule(self._schedule, self.stages, self.sources, self._header(), self.tokens_per_step)
 
     def _header(self) -> str:
-        return f"StagedMixture({self._settings(with_shuffle=True)}): {len(self.stages)} stage(s) over {len(self.sources)} source(s)"
+        settings = self._settings(with_shuffle=True)
+        return f"StagedMixture({settings}): {len(self.stages)} stage(s) over {len(self.sources)} source(s)"
 
 
 def _stage_definition(st: Stage, plan: Any, names: Sequence[str], tokens_per_step: int | None) -> dict[str, Any]:
