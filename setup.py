@@ -18,7 +18,7 @@ for top, where in ROOTS.items():
     packages += found
     package_dir.update({p: f"{where}/{p.replace('.', '/')}" for p in found})
 
-# Folder -> the files of it that ship (what zephon_core.tools.init writes out again).
+# Folder -> the files of it that ship (what zephon_core.cli.init writes out again).
 CONFIG_FILES = {"corpus": ["*"], "data": ["*.toml"], "megatron": ["*.sh", "*.py"], "torchtitan": ["*.toml"]}
 
 setup(

@@ -75,7 +75,7 @@ def zephon_side(folder: Path, tok: Any, seconds: float) -> dict[str, Any]:
     import numpy as np
 
     from zephon_core import ArrowSource, Pipeline, StaticMixture
-    from zephon_core.tools.cli import main
+    from zephon_core.cli import main
 
     out: dict[str, Any] = {}
     out["startup_s"], src = timed(lambda: ArrowSource(str(folder), use_manifest=False))
@@ -125,7 +125,7 @@ def many_shards(work: Path, shards: int) -> dict[str, Any]:
     import datasets
 
     from zephon_core import ArrowSource
-    from zephon_core.tools.cli import main
+    from zephon_core.cli import main
 
     folder = work / f"arrow-{shards}-shards"
     if not (folder / "state.json").exists():

@@ -165,7 +165,7 @@ def peer_read(datasets: list[Any], order: list[int], seconds: float) -> tuple[fl
 
 
 def index(url: str, so: dict[str, Any]) -> float:
-    from zephon_core.tools.cli import main
+    from zephon_core.cli import main
 
     t0 = perf()
     assert main(["index", url, "--format", "megatron", "--no-progress", "--storage-options", json.dumps(so)]) == 0

@@ -48,7 +48,7 @@ def write_corpus(work: Path, n_docs: int, per_shard: int) -> Path:
     """The documents as tar shards by webdataset's own writer, once per (documents, shard size); indexed by zephon."""
     import webdataset as wds
 
-    from zephon_core.tools.cli import main
+    from zephon_core.cli import main
 
     docs = corpus.generate_docs(n_docs, SEED)
     folder = work / f"wds-{n_docs}-{per_shard}-v{VERSION}"
@@ -183,8 +183,8 @@ def many_shards(work: Path, n: int, cache: str) -> dict[str, float]:
     import webdataset as wds
 
     from zephon_core import WebDatasetSource
+    from zephon_core.cli import main
     from zephon_core.sources.files import Access
-    from zephon_core.tools.cli import main
 
     folder = work / f"wds-shards-{n}-v{VERSION}"
     done = folder / ".complete"

@@ -60,7 +60,7 @@ def _timed_source(path: str, **kw: Any) -> tuple[float, int, int]:
 
 
 def _write_manifest(path: str, storage_options: dict | None) -> float:
-    from zephon_core.tools.cli import main
+    from zephon_core.cli import main
 
     t0 = perf()
     args = ["index", path, "--no-progress"] + (

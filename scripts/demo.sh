@@ -11,6 +11,6 @@ export PYTHONPATH="$root:$root/integrations/torchtitan:$root/integrations/megatr
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
 if [[ "${1:-}" == "--data-only" ]]; then
   shift
-  exec "$ZEPHON_PY" -m zephon_core.tools.demo "$@"
+  exec "$ZEPHON_PY" -m zephon_core.cli.demo "$@"
 fi
 exec "$ZEPHON_PY" scripts/demo_torchtitan.py "$@"

@@ -3,11 +3,11 @@
     python scripts/watch_figures.py [OUT_DIR]
 
 Runs configs/data/curriculum.toml for 90 global steps in this process (8 lanes,
-on 2, then 4, then 8 data-parallel groups: ``zephon_core.tools.simulate``), writing
+on 2, then 4, then 8 data-parallel groups: ``zephon_core.verify.simulate``), writing
 every group's batch audit log as the adapters do, then draws
 ``OUT_DIR/watch_plan.png`` with ``zephon explain --plot`` and
 ``OUT_DIR/watch_report.png`` with ``zephon report --plot`` (OUT_DIR: docs/img).
-tests/unit/core/tools/test_report.py runs it into a temporary folder.
+tests/unit/core/report/test_report.py runs it into a temporary folder.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from zephon_core.cli import main
 from zephon_core.integration.batch_log import log_line
 from zephon_core.recipe import load_recipe
-from zephon_core.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-from zephon_core.tools.shape import Shape, build  # noqa: E402
-from zephon_core.tools.simulate import Phase, run_phase  # noqa: E402
+from zephon_core.verify.shape import Shape, build  # noqa: E402
+from zephon_core.verify.simulate import Phase, run_phase  # noqa: E402
 
 RECIPE = "configs/data/curriculum.toml"
 PHASES = ((2, 30), (4, 30), (8, 30))  # (data-parallel groups, global steps): a resize at steps 30 and 60

@@ -50,7 +50,7 @@ def test_every_rank_reads_its_share_of_a_many_shard_s3_source(s3_endpoint, gloo_
         for k in range(n_shards):
             lines = "".join(json.dumps({"text": f"shard{k}-doc{j}"}) + "\n" for j in range(per + k % 3)).encode()
             fs.pipe_file(f"{s3_endpoint.bucket}/{prefix}/part-{k:03d}.jsonl.gz", gzip.compress(lines))
-        from zephon_core.tools.cli import main
+        from zephon_core.cli import main
 
         assert main(["index", s3_endpoint.url(prefix), "--storage-options", json.dumps(s3_endpoint.storage_options)]) == 0
     dist.barrier()

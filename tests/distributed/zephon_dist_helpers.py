@@ -30,7 +30,7 @@ def pipeline(**options) -> Pipeline:
 
 def reference_steps(steps: int, batches_per_step: int) -> list[list[str]]:
     """Per global step, the sorted row digests of an uninterrupted single-group run."""
-    from zephon_core.tools.simulate import Phase, run_schedule
+    from zephon_core.verify.simulate import Phase, run_schedule
 
     recs = run_schedule(lambda G, g: pipeline(dp_degree=G, dp_group_id=g, prefetch=0), [Phase(1, steps)], batches_per_step)
     return [r.digests for r in recs]

@@ -214,7 +214,7 @@ def test_elastic_resume_dp2_to_dp1_to_dp2_keeps_every_step(runs):
 
 @pytest.mark.e2e
 def test_loader_state_files_are_json_and_inspectable(runs, capsys):
-    from zephon_core.tools.cli import main as zephon_main
+    from zephon_core.cli import main as zephon_main
     from zephon_megatron.state import read_loader_file
 
     f = runs("tp_ref").run_dir / "loader" / "iter_0000003" / "mp_rank_00" / "train_dataloader_dprank001.pt"

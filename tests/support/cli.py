@@ -13,12 +13,12 @@ _PATHS = [ROOT, ROOT / "integrations" / "torchtitan", ROOT / "integrations" / "m
 
 def zephon(*args: str, cwd: str | Path | None = None, timeout: float = 600,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``zephon ARGS...`` (as ``python -m zephon_core.tools.cli``), in ``cwd``; its output captured as text.
+    """``zephon ARGS...`` (as ``python -m zephon_core.cli``), in ``cwd``; its output captured as text.
 
     This clone and its adapters come first on the child's path, so it runs the code under test
     whatever the environment has installed.
     """
     full = dict(os.environ if env is None else env)
     full["PYTHONPATH"] = os.pathsep.join([*map(str, _PATHS), full.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "zephon_core.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=full)

@@ -13,9 +13,9 @@ CORE = Path(__file__).resolve().parents[3] / "zephon_core"
 
 # Lower layers never import higher ones; a layer may import itself (checked for cycles below).
 LAYERS = ["errors", "validation", "batch", "metrics", "sources", "curriculum", "lane", "checkpoint", "pipeline", "live",
-          "recipe", "integration", "tools"]
+          "recipe", "integration", "verify", "report", "cli"]
 RANK = {"errors": 0, "validation": 1, "batch": 1, "metrics": 1, "sources": 2, "curriculum": 3, "lane": 4, "checkpoint": 4, "pipeline": 5,
-        "live": 6, "recipe": 6, "integration": 7, "tools": 8}
+        "live": 6, "recipe": 6, "integration": 7, "verify": 8, "report": 9, "cli": 10}
 
 
 def modules() -> dict[str, ast.Module]:

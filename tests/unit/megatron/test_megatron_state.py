@@ -151,7 +151,7 @@ def test_saved_iterations_lists_iteration_folders(tmp_path):
 
 
 def test_zephon_inspect_reads_a_megatron_state_file(tmp_path, capsys):
-    from zephon_core.tools.cli import main
+    from zephon_core.cli import main
 
     path = _write(tmp_path, 3, ls.encode(_state_after(3), iteration=3, batches_per_step=BPS))
     assert main(["inspect", path]) == 0
@@ -160,15 +160,16 @@ def test_zephon_inspect_reads_a_megatron_state_file(tmp_path, capsys):
 
 def test_zephon_report_reads_a_dataloader_save_folder_in_iteration_order(tmp_path):
     from zephon_core.checkpoint.state import parse_lanes
+    from zephon_core.cli import build_parser
+    from zephon_core.cli.report import request_of
     from zephon_core.metrics import sum_tallies
-    from zephon_core.tools.cli import build_parser
-    from zephon_core.tools.report import load_run
+    from zephon_core.report.load import load_run
 
     states = {it: _state_after(it) for it in (5, 2)}
     for it, state in states.items():
         for rank in (0, 1):  # every data-parallel rank's file holds the same merged state
             _write(tmp_path, it, ls.encode(state, iteration=it, batches_per_step=BPS), dp_rank=rank)
-    run = load_run(build_parser().parse_args(["report", str(tmp_path), "--batches-per-step", str(BPS)]))
+    run = load_run(request_of(build_parser().parse_args(["report", str(tmp_path), "--batches-per-step", str(BPS)])))
     assert run.history.steps.tolist() == [2, 5] and run.read == "2 checkpoints (iter_0000002 .. iter_0000005)"
     whole = sum_tallies([lane.tally for lane in parse_lanes(states[5]).values()], 1, 1)
     assert run.history.tokens[-1].tolist() == whole.tokens and run.history.batches.tolist() == [2 * BPS, 5 * BPS]

@@ -52,7 +52,8 @@ RULES: list[tuple[str, str, str]] = [
     (r"^pip install 'zephon-suite\[tokenizers\]'$", "test", "tests/unit/project/test_packaging.py::test_core_wheel_alone_gives_a_working_cli_and_the_configs"),
     (r"^pip install \"\.\[(torchtitan|megatron)\]\"$", "test", "tests/unit/project/test_packaging.py::test_extras_name_what_each_route_imports"),
     (r"^python configs/megatron/make_indexed_corpus\.py", "run", "in a zephon init folder"),
-    (r"^python scripts/watch_figures\.py$", "test", "tests/unit/core/tools/test_report.py::test_the_docs_figures_regenerate"),
+    (r"^python scripts/watch_figures\.py$", "test",
+     "tests/unit/core/report/test_report.py::test_the_docs_figures_regenerate"),
     (r"^pip install 'zephon-suite\[plot\]'$", "test", "tests/unit/project/test_packaging.py::test_extras_name_what_each_route_imports"),
     (r"^zephon index \"s3://[^\"]*\" --format megatron ", "test",
      "tests/unit/core/sources/test_source_megatron_s3.py::test_a_manifest_start_up_fetches_no_idx_and_each_idx_on_its_first_read"),
@@ -65,8 +66,8 @@ RULES: list[tuple[str, str, str]] = [
     (r"^zephon [a-z-]+( [A-Z][A-Z0-9.]*| \[.*\]| --[a-z-]+( [A-Z0-9]+)?)*$|^zephon [a-z-]+$|^zephon [a-z |-]+$", "synopsis", ""),
     (r"^zephon from-megatron .* --out ", "run", "outside the clone"),
     (r"^zephon ", "run", ""),
-    (r"^(bash scripts/demo\.sh --data-only|python -m zephon_core\.tools\.demo)$", "run", "outside the clone"),
-    (r"^python -m zephon_core\.tools\.cli$", "run", "with --help"),
+    (r"^(bash scripts/demo\.sh --data-only|python -m zephon_core\.cli\.demo)$", "run", "outside the clone"),
+    (r"^python -m zephon_core\.cli$", "run", "with --help"),
     (r"^python docs/examples/[a-z_]+\.py$", "run", ""),
     (r"^python -m zephon_torchft\.drill --help$", "run", ""),
     (r"^source scripts/env\.sh$", "run", ""),
@@ -154,7 +155,7 @@ def test_console_examples_print_what_the_docs_show(c):
 
 
 def test_synopses_name_real_subcommands_and_options():
-    from zephon_core.tools.cli import build_parser
+    from zephon_core.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices
     for c in COMMANDS:

@@ -116,7 +116,7 @@ def test_core_wheel_alone_gives_a_working_cli_and_the_configs(core_venv, tmp_pat
     assert "demo.toml" in r.stdout and "tokenizer.json" in r.stdout and "llama3_debug_zephon_022.toml" in r.stdout
     assert _in(venv, "zephon init", tmp_path).returncode == 1  # never overwrites without --force
     # Commands that need an extra say which, in one line.
-    for cmd in ("zephon explain configs/data/demo.toml", "python -m zephon_core.tools.demo",
+    for cmd in ("zephon explain configs/data/demo.toml", "python -m zephon_core.cli.demo",
                 "zephon trace configs/data/tt_train.toml --step 1 --framework torchtitan --tokenizer configs/corpus"):
         r = _in(venv, cmd, tmp_path)
         assert r.returncode == 1 and r.stderr.strip().splitlines() == [r.stderr.strip()], (cmd, r.stderr)
@@ -129,7 +129,7 @@ def test_core_wheel_alone_gives_a_working_cli_and_the_configs(core_venv, tmp_pat
 def test_core_wheel_with_tokenizers_runs_the_demo_outside_the_clone(core_venv, tmp_path):
     venv, deps, root = core_venv
     _link_distributions(_closure(["tokenizers"]), deps)
-    r = _in(venv, "python -m zephon_core.tools.demo", tmp_path)
+    r = _in(venv, "python -m zephon_core.cli.demo", tmp_path)
     assert r.returncode == 0 and "all 10 global steps matched" in r.stdout, r.stdout + r.stderr
     r = _in(venv, "python -c 'from zephon_core.integration import bundled_configs; print(bundled_configs())'", tmp_path)
     assert Path(r.stdout.strip()).is_relative_to(venv) and not Path(r.stdout.strip()).is_relative_to(ROOT), r.stdout + r.stderr
@@ -156,7 +156,7 @@ def test_extras_name_what_each_route_imports():
     assert "transformers" in extras["megatron"]
     env_pins = {_name(line) for line in (ROOT / "requirements" / "env.txt").read_text().splitlines() if line.strip() and not line.startswith("#")}
     assert "transformers" in env_pins
-    from zephon_core.tools.errors import EXTRAS
+    from zephon_core.cli.errors import EXTRAS
 
     for module, extra in EXTRAS.items():  # every extra the CLI names exists and brings that module
         assert DIST_OF_IMPORT[module] in extras[extra] or module == "megatron" and "megatron-core" in extras[extra], (module, extra)

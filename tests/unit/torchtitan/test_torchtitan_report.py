@@ -6,9 +6,10 @@ import pytest
 
 from zephon_core import MemorySource, Pipeline, Stage, StagedMixture
 from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.cli import build_parser
+from zephon_core.cli.report import request_of
 from zephon_core.metrics import sum_tallies
-from zephon_core.tools.cli import build_parser
-from zephon_core.tools.report import load_run
+from zephon_core.report.load import load_run
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -31,7 +32,7 @@ def test_report_reads_the_step_folders_of_a_dump_folder(tmp_path):
             states[step] = p.checkpoint()
             dcp.save({"model.w": torch.ones(2), DCP_KEY: encode_state(states[step], 1 << 16)},
                      checkpoint_id=str(tmp_path / "checkpoint" / f"step-{step}"), no_dist=True)
-    run = load_run(build_parser().parse_args(["report", str(tmp_path)]))
+    run = load_run(request_of(build_parser().parse_args(["report", str(tmp_path)])))
     assert run.history.steps.tolist() == [4, 12] and run.curriculum.stages == ["warmup", "anneal"]
     assert run.read == "2 checkpoints (step-4 .. step-12)"
     whole = sum_tallies([lane.tally for lane in parse_lanes(states[12]).values()], 2, 2)

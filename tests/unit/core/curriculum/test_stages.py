@@ -22,7 +22,7 @@ from zephon_core import (
     token_counter,
 )
 from zephon_core.curriculum.work_source import Chunk, WorkSource
-from zephon_core.tools.curriculum_audit import audit_curriculum
+from zephon_core.verify.curriculum_audit import audit_curriculum
 
 CORPUS = Path(__file__).resolve().parents[4] / "configs" / "corpus" / "stdlib_docs.jsonl"
 

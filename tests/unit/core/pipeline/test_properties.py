@@ -52,8 +52,8 @@ from support.property_strategies import (  # noqa: E402
 )
 
 from zephon_core import Pipeline, StateError  # noqa: E402
-from zephon_core.tools.curriculum_audit import audit_curriculum  # noqa: E402
-from zephon_core.tools.simulate import Phase, StepRecord, first_mismatch, run_phase, run_schedule  # noqa: E402
+from zephon_core.verify.curriculum_audit import audit_curriculum  # noqa: E402
+from zephon_core.verify.simulate import Phase, StepRecord, first_mismatch, run_phase, run_schedule  # noqa: E402
 
 SOAK = os.environ.get("ZEPHON_SOAK", "") not in ("", "0")
 

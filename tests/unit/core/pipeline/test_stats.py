@@ -22,7 +22,7 @@ from zephon_core import DataError, MemorySource, Pipeline, Stage, StagedMixture,
 from zephon_core.checkpoint.state import checksum_of, parse_lanes
 from zephon_core.integration.batch_log import log_line, parse_line, read_batch_log
 from zephon_core.metrics import COUNTER_NAMES, COUNTERS, sum_tallies
-from zephon_core.tools.simulate import Phase, run_phase
+from zephon_core.verify.simulate import Phase, run_phase
 
 
 def _expected(segments: list[Any], n_sources: int) -> tuple[list[int], list[int], int]:

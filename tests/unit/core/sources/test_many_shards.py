@@ -16,12 +16,12 @@ import pytest
 from support.core_fixtures import zephon_cache_dir  # noqa: F401  (autouse: a private cache per test)
 
 from zephon_core import ArrowSource, MdsSource, MegatronIndexedSource, WebDatasetSource
+from zephon_core.cli import main
 from zephon_core.sources import manifest
 from zephon_core.sources.arrow import ArrowFile
 from zephon_core.sources.files import Access
 from zephon_core.sources.megatron import MegatronIndexedFile
 from zephon_core.sources.webdataset import WebDatasetFile
-from zephon_core.tools.cli import main
 
 SHARDS = 10_000
 TEXTS = ["first document: é 中", "second document", "third"]

@@ -198,8 +198,8 @@ def test_token_counts_come_from_the_offsets_where_the_layout_tells_them(tmp_path
 
 
 def test_recipes_read_mds_as_text_and_mds_tokens_as_tokens(tmp_path):
+    from zephon_core.cli import main
     from zephon_core.recipe import load_recipe
-    from zephon_core.tools.cli import main
 
     write_mds(tmp_path / "ds", rows(40))
     recipe = tmp_path / "r.toml"

@@ -74,7 +74,7 @@ def through(proxy: S3Proxy, ep) -> dict:
 
 
 def index(ep, url: str) -> None:
-    from zephon_core.tools.cli import main
+    from zephon_core.cli import main
 
     assert main(["index", url, "--format", "megatron", "--no-progress", "--storage-options", json.dumps(ep.storage_options)]) == 0
 
@@ -299,7 +299,7 @@ def test_a_local_bin_rewritten_after_its_manifest_is_refused_at_its_first_read(c
     for p in corpus["prefixes"]:
         for ext in (".idx", ".bin"):
             shutil.copy(p + ext, tmp_path / (Path(p).name + ext))
-    from zephon_core.tools.cli import main
+    from zephon_core.cli import main
 
     assert main(["index", str(tmp_path), "--format", "megatron", "--no-progress"]) == 0
     data = bytearray((tmp_path / "part2_text_document.bin").read_bytes())

@@ -11,6 +11,7 @@ import pytest
 from support.core_fixtures import CharTokenizer, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
 
 from zephon_core import ConfigError
+from zephon_core.cli import main
 from zephon_core.recipe import load_recipe
 from zephon_core.sources import JsonlSource, MegatronIndexedSource, ParquetSource, Source, SourceArgs, TokenArraySource
 from zephon_core.sources.base import content_fingerprint, default_name, open_fs
@@ -18,7 +19,6 @@ from zephon_core.sources.files import FileStat
 from zephon_core.sources.manifest import MANIFEST, ShardMeta
 from zephon_core.sources.registry import formats, guess_format, register_format, source_format, unregister_format
 from zephon_core.sources.sharded import ShardedSource
-from zephon_core.tools.cli import main
 
 
 class LinesFile(Source):
@@ -136,7 +136,7 @@ def test_an_unknown_suffix_is_one_line_naming_the_file_and_the_formats(tmp_path,
 def test_zephon_index_refuses_a_format_without_manifests(tmp_path, capsys):
     assert main(["index", str(tmp_path / "tokens.npy")]) == 1
     err = capsys.readouterr().err
-    from zephon_core.tools.index import _indexable_formats
+    from zephon_core.cli.index import _indexable_formats
 
     names = [c.format_name for c in _indexable_formats()]
     assert {"jsonl", "parquet", "megatron"} <= set(names) and "token_array" not in names

@@ -20,11 +20,11 @@ from support.core_fixtures import CharTokenizer, epoch_exactly_once, zephon_cach
 from support.s3_proxy import S3Proxy, every
 
 from zephon_core import ConfigError, DataError, Pipeline, StaticMixture, WebDatasetSource
+from zephon_core.cli import main
 from zephon_core.sources import manifest
 from zephon_core.sources.files import Access
 from zephon_core.sources.registry import guess_format
 from zephon_core.sources.webdataset import WebDatasetFile, member_of
-from zephon_core.tools.cli import main
 
 
 def text_of(k: int, j: int) -> str:

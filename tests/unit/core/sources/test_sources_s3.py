@@ -47,7 +47,7 @@ def test_a_many_shard_source_on_s3_reads_like_local_disk_through_injected_faults
 
 def test_a_range_that_keeps_failing_is_a_data_error_naming_object_range_and_attempts(s3_endpoint):
     upload(s3_endpoint, "dead", corpus(2, 5))
-    from zephon_core.tools.cli import main
+    from zephon_core.cli import main
 
     # With a manifest, start-up reads no shard: the failure comes at the first read of part-001.
     assert main(["index", s3_endpoint.url("dead"), "--storage-options", json.dumps(s3_endpoint.storage_options)]) == 0

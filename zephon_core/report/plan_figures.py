@@ -19,7 +19,7 @@ from zephon_core.curriculum.mixture import StaticMixture
 from zephon_core.curriculum.stages import StagedMixture
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError
-from zephon_core.tools.figures import Picture, shares_of
+from zephon_core.report.figures import Picture, shares_of
 
 SAMPLES = 240  # points per picture along the x axis (the shares are exact per stage; the epochs need no more)
 _GENERIC_CHUNKS = 20_000  # a work source of another kind is drawn by computing its chunks, up to this many

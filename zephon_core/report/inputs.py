@@ -1,11 +1,11 @@
 """What ``zephon report`` reads: checkpoints or batch audit logs, told apart by their content.
 
 * a checkpoint: a JSON state, a TorchTitan DCP folder, a Megatron loader-state file
-  (``tools.state_readers``, as ``zephon inspect`` reads them);
+  (``integration.state_readers``, as ``zephon inspect`` reads them);
 * several checkpoints: several paths, or a folder of ``step-N`` (TorchTitan's
   ``checkpoint/``, or its dump folder) or ``iter_NNNNNNN`` (Megatron's
   ``--dataloader-save``) checkpoints, read in step order;
-* batch audit logs (``tools.audit``): one or more files, or a folder of ``*.log`` files.
+* batch audit logs (``integration.batch_log``): one or more files, or a folder of ``*.log`` files.
 
 A file that is neither is refused in one line naming it.
 """
@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from zephon_core.checkpoint.state import parse_lanes
-from zephon_core.errors import DataError, StateError
+from zephon_core.errors import CliError, DataError, StateError
 from zephon_core.integration.batch_log import LoggedBatch, parse_line, read_batch_log
 from zephon_core.integration.state_readers import StateReadError, load_state
-from zephon_core.tools.errors import CliError
 
 # A checkpoint of a series: TorchTitan's step-N folders, Megatron's iter_NNNNNNN ones (or such JSON files).
 STEP_NAME = re.compile(r"(?:step-|iter_)(\d+)(?:\.json)?")

@@ -48,7 +48,7 @@ def cmd_init(a: argparse.Namespace) -> int:
     return 0
 
 
-def add_init_parser(sub: Any) -> None:
+def register(sub: Any) -> None:
     p = sub.add_parser("init", help="write the bundled configs (recipes, demo corpus, job files) into a folder")
     p.add_argument("folder", nargs="?", default=".", help="where configs/ goes (default: here)")
     p.add_argument("--force", action="store_true", help="overwrite files that are already there")

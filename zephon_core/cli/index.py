@@ -6,12 +6,12 @@ import argparse
 import json
 from typing import Any
 
+from zephon_core.cli.progress import Progress
+from zephon_core.errors import CliError
 from zephon_core.sources import manifest
 from zephon_core.sources.files import Access, list_files
 from zephon_core.sources.registry import FileSource, SourceArgs, formats, guess_format, source_format
 from zephon_core.sources.sharded import ShardedSource
-from zephon_core.tools.errors import CliError
-from zephon_core.tools.progress import Progress
 
 
 def cmd_index(a: argparse.Namespace) -> int:
@@ -75,7 +75,7 @@ def _check(cls: type[ShardedSource], paths: str | list[str], a: argparse.Namespa
     return 0
 
 
-def add_index_parser(sub: Any) -> None:
+def register(sub: Any) -> None:
     p = sub.add_parser("index", help="write the index manifest of a many-file source (a folder, a glob or several paths)")
     p.add_argument("source", nargs="+", help="a folder, a glob (quote it) or files of one source")
     p.add_argument("--format", choices=[c.format_name for c in _indexable_formats()],

@@ -17,7 +17,7 @@ FULL = ROOT / "configs" / "data" / "curriculum.toml"  # the same with an anneal 
 def states(tmp_path_factory):
     """Merged states of curriculum_main.toml on 2 groups after 20 and after 70 global steps of 8 batches."""
     from zephon_core.recipe import load_recipe
-    from zephon_core.tools.simulate import Phase, run_phase
+    from zephon_core.verify.simulate import Phase, run_phase
 
     recipe = load_recipe(MAIN)
     out = tmp_path_factory.mktemp("stage-states")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zephon_core.tools.run_history import Run
+from zephon_core.report.history import Run
 
 
 def shares_of(counts: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -163,8 +163,8 @@ def test_training_recipe_tokenization_follows_the_framework():
     (["explain", "no/such/recipe.toml"], "no/such/recipe.toml: cannot read recipe"),
 ])
 def test_user_errors_are_one_line_naming_the_file_or_field_and_the_fix(args, says):
-    r = subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run([sys.executable, "-m", "zephon_core.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 1 and says in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
 
@@ -179,13 +179,13 @@ def test_a_missing_standalone_tokenizer_names_the_field_and_the_file(tmp_path):
 
 def test_debug_shows_the_traceback():
     for args, env in ((["--debug", "explain", "no/such.toml"], {}), (["explain", "no/such.toml", "--debug"], {}), (["explain", "no/such.toml"], {"ZEPHON_DEBUG": "1"})):
-        r = subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", *args], capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+        r = subprocess.run([sys.executable, "-m", "zephon_core.cli", *args], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
         assert r.returncode == 1 and "Traceback" in r.stderr and "ConfigError" in r.stderr, (args, r.stderr)
 
 
 def test_a_missing_package_names_the_extra():
-    from zephon_core.tools.errors import one_line
+    from zephon_core.cli.errors import one_line
 
     assert one_line(ModuleNotFoundError("No module named 'tokenizers'", name="tokenizers")).endswith("pip install 'zephon-suite[tokenizers]'")
     assert one_line(ModuleNotFoundError("x", name="pyarrow.parquet")).endswith("pip install 'zephon-suite[parquet]'")
@@ -206,6 +206,6 @@ def test_init_writes_the_bundled_configs_and_never_overwrites(tmp_path):
     again = zephon("init", str(tmp_path))
     assert again.returncode == 1 and "--force" in again.stderr
     assert zephon("init", str(tmp_path), "--force").returncode == 0
-    r = subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", "explain", "configs/data/demo.toml"], cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-m", "zephon_core.cli", "explain", "configs/data/demo.toml"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr

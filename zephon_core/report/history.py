@@ -1,6 +1,6 @@
 """What a run delivered, step by step, and what it was asked for: the data ``zephon report`` prints and draws.
 
-Two kinds of input give the same ``History``: batch audit logs (``tools.audit``: a row
+Two kinds of input give the same ``History``: batch audit logs (``integration.batch_log``: a row
 per global step) and checkpoint states (a row per checkpoint, from the lanes' tallies,
 ``zephon_core.metrics.Tally``). Rows are cumulative ``[stage][source]`` tables, so the
 run's totals are the last row and an interval's figures the difference of two rows;

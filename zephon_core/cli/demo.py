@@ -1,4 +1,4 @@
-"""The core-only elastic demo: ``python -m zephon_core.tools.demo``.
+"""The core-only elastic demo: ``python -m zephon_core.cli.demo``.
 
 Trains nothing: it runs the data path of the bundled ``configs/data/demo.toml``
 (from the clone, or from the installed package) on 8
@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from zephon_core.cli.errors import debug_option, run
 from zephon_core.integration import bundled_configs
 from zephon_core.recipe import load_recipe
-from zephon_core.tools.errors import debug_option, run
-from zephon_core.tools.simulate import Phase, first_mismatch, run_schedule
+from zephon_core.verify.simulate import Phase, first_mismatch, run_schedule
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,26 +1,24 @@
-"""``zephon report``: what a run delivered, per stage and source, against what its recipe asked for.
+"""A run as ``zephon report`` shows it: what it delivered, per stage and source, against what its recipe asked for.
 
-From checkpoints (the lanes' tallies) or batch audit logs (``tools.report_inputs``
-tells them apart), the table of ``report_text`` and, with ``--plot`` / ``--html``,
-the pictures of ``plots``: the run over its steps, or per stage for a single
-checkpoint. ``--recipe`` adds what the input does not record: the sources' sizes
-(for epochs) where a state's definition has none, and for audit logs the names,
-the plan and the rows' shape (for padding). ``zephon explain --plot`` draws the
-plan the same way (``plot_plan``).
+``load_run(ReportRequest(...))`` takes plain values (the command line translates its arguments once,
+``cli/report.py``). From checkpoints (the lanes' tallies) or batch audit logs (``inputs`` tells them
+apart), the table of ``text`` and the pictures of ``plots`` (``run_figure``): the run over its steps, or
+per stage for a single checkpoint. A recipe adds what the input does not record: the sources' sizes
+(for epochs) where a state's definition has none, and for audit logs the names, the plan and the rows'
+shape (for padding). ``zephon explain --plot`` draws the plan the same way (``plan_png``).
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import parse_lanes
-from zephon_core.tools.errors import CliError
-from zephon_core.tools.report_inputs import STEP_NAME, classify, read_logs, read_state, row_shape
-from zephon_core.tools.run_history import (
+from zephon_core.errors import CliError
+from zephon_core.report.history import (
     Curriculum,
     Run,
     curriculum_of,
@@ -31,11 +29,23 @@ from zephon_core.tools.run_history import (
     stage_entries,
     unique_batches,
 )
-from zephon_core.tools.shape import add_shape_options, build, shape_of
+from zephon_core.report.inputs import STEP_NAME, classify, read_logs, read_state, row_shape
+from zephon_core.verify.shape import Shape, build
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """What to report on: the inputs (checkpoints or audit logs) and what the user said about the run."""
+
+    inputs: tuple[str, ...]
+    recipe: str | None = None  # the run's recipe: sizes, names, plan, rows' shape
+    canonical_replicas: int | None = None  # audit logs without a recipe: default the lanes seen
+    batches_per_step: int | None = None  # default: canonical_replicas
+    shape: Shape = field(default_factory=Shape)  # the run's shape, for a training recipe
 
 
 def _recipe_pipeline(
-    a: argparse.Namespace, definition: Mapping[str, Any] | None, canonical_replicas: int | None
+    a: ReportRequest, definition: Mapping[str, Any] | None, canonical_replicas: int | None
 ) -> Any:
     """The pipeline ``--recipe`` defines, shaped as the run was (by the checkpoint's definition where there is one)."""
     from zephon_core.recipe import load_recipe
@@ -43,10 +53,11 @@ def _recipe_pipeline(
     options: dict[str, Any] = {"prefetch": 0}
     if canonical_replicas is not None:
         options["canonical_replicas"] = canonical_replicas
-    return build(load_recipe(a.recipe), shape_of(a, definition), **options)
+    assert a.recipe is not None
+    return build(load_recipe(a.recipe), a.shape.filled_from(definition), **options)
 
 
-def _with_recipe_sizes(c: Curriculum, a: argparse.Namespace, state: Mapping[str, Any]) -> Curriculum:
+def _with_recipe_sizes(c: Curriculum, a: ReportRequest, state: Mapping[str, Any]) -> Curriculum:
     """The checkpoint's curriculum, with the sizes its definition lacks counted by ``--recipe``.
 
     The recipe must read the same sources as the run (their fingerprints are compared).
@@ -57,7 +68,7 @@ def _with_recipe_sizes(c: Curriculum, a: argparse.Namespace, state: Mapping[str,
     if diffs:
         raise CliError(f"{a.recipe}: its sources are not those of the checkpoint ({diffs[0]}); pass the run's recipe")
     sizes: list[int | None] = [size if size else len(src) for size, src in zip(c.sizes, p.work_source.sources)]
-    where = a.recipe if any(not size for size in c.sizes) else c.sizes_from
+    where = (a.recipe or "") if any(not size for size in c.sizes) else c.sizes_from
     return Curriculum(c.sources, c.stages, c.shares, sizes, where, c.stage_starts)
 
 
@@ -66,7 +77,7 @@ def _label(path: str) -> str:
     return next((part for part in reversed(Path(path).parts) if STEP_NAME.fullmatch(part)), Path(path).name)
 
 
-def _run_of_checkpoints(paths: list[tuple[int | None, str]], a: argparse.Namespace) -> Run:
+def _run_of_checkpoints(paths: list[tuple[int | None, str]], a: ReportRequest) -> Run:
     read = [(step, path, read_state(path)) for step, path in paths]
     last = read[-1][2]
     C = last["canonical_replicas"]
@@ -100,7 +111,7 @@ def _run_of_checkpoints(paths: list[tuple[int | None, str]], a: argparse.Namespa
     return Run(c, history, what, in_stage, len(lanes), C, notes)
 
 
-def _run_of_logs(logs: list[str], a: argparse.Namespace) -> Run:
+def _run_of_logs(logs: list[str], a: ReportRequest) -> Run:
     batches = unique_batches(read_logs(logs))
     if not batches:
         raise CliError(f"{logs[0]}: the audit logs hold no batch")
@@ -143,40 +154,20 @@ def _run_of_logs(logs: list[str], a: argparse.Namespace) -> Run:
     return Run(c, history, what, in_stage, len(last), C, notes, stage_entries(batches, B // C, len(c.stages)))
 
 
-def load_run(a: argparse.Namespace) -> Run:
-    """The run the command line names (``a.inputs``), with what ``--recipe`` adds."""
+def load_run(a: ReportRequest) -> Run:
+    """The run ``a.inputs`` hold, with what ``a.recipe`` adds."""
     inputs = classify(a.inputs)
     return _run_of_logs(inputs.logs, a) if inputs.logs else _run_of_checkpoints(inputs.checkpoints, a)
 
 
 def run_figure(run: Run, title: str) -> Any:
     """The picture of a run: over its steps, or per stage for a single checkpoint (no history)."""
-    from zephon_core.tools.figures import run_picture, stage_bars
-    from zephon_core.tools.plots import draw_picture, draw_stage_bars
+    from zephon_core.report.figures import run_picture, stage_bars
+    from zephon_core.report.plots import draw_picture, draw_stage_bars
 
     if run.history.every_step or len(run.history.steps) > 1:
         return draw_picture(run_picture(run, title))
     return draw_stage_bars(stage_bars(run, title))
-
-
-def cmd_report(a: argparse.Namespace) -> int:
-    from zephon_core.tools.report_text import as_html, as_text
-
-    run = load_run(a)
-    print(as_text(run))
-    title = f"run: {run.read}"
-    fig = run_figure(run, title) if a.plot or a.html else None
-    if a.plot:
-        from zephon_core.tools.plots import write_png
-
-        write_png(fig, a.plot)
-        print(f"wrote {a.plot}")
-    if a.html:
-        from zephon_core.tools.plots import png_base64
-
-        Path(a.html).write_text(as_html(run, title, [png_base64(fig)]), encoding="utf-8")
-        print(f"wrote {a.html}")
-    return 0
 
 
 def tokens_per_step(p: Any, global_batch_size: int | None, batches_per_step: int) -> int | None:
@@ -187,52 +178,17 @@ def tokens_per_step(p: Any, global_batch_size: int | None, batches_per_step: int
     return (global_batch_size or batches_per_step * shape[0]) * shape[1]
 
 
-def plot_plan(p: Any, recipe: Any, a: argparse.Namespace) -> None:
-    """``zephon explain --plot``: the planned schedule of ``p``'s work source, drawn as ``zephon report`` draws runs."""
-    from zephon_core.tools.plan_figures import chunk_at_step, plan_picture
-    from zephon_core.tools.plots import draw_picture, write_png
+def plan_png(p: Any, path: str, *, title: str, global_batch_size: int | None = None,
+             batches_per_step: int | None = None, plot_steps: int | None = None) -> None:
+    """The planned schedule of ``p``'s work source drawn into ``path``, as ``zephon report`` draws runs.
 
-    per_step = tokens_per_step(p, recipe.spec.global_batch_size, a.batches_per_step or p.identity.canonical_replicas)
+    Steps are ``global_batch_size`` rows (else ``batches_per_step`` batches, default canonical_replicas);
+    ``plot_steps``: draw up to that global step (chunk where the plan has no steps)."""
+    from zephon_core.report.plan_figures import chunk_at_step, plan_picture
+    from zephon_core.report.plots import draw_picture, write_png
+
+    per_step = tokens_per_step(p, global_batch_size, batches_per_step or p.identity.canonical_replicas)
     span = None
-    if a.plot_steps:
-        span = chunk_at_step(p.work_source, a.plot_steps, per_step) or a.plot_steps
-    write_png(
-        draw_picture(plan_picture(p.work_source, f"plan: {a.recipe}", tokens_per_step=per_step, span=span)), a.plot
-    )
-    print(f"wrote {a.plot}")
-
-
-def add_plan_plot_options(p: argparse.ArgumentParser) -> None:
-    """``zephon explain``'s ``--plot`` and what it needs (``plot_plan``)."""
-    p.add_argument("--plot", metavar="PNG", help="draw the planned schedule: shares and epochs per source over "
-                   "global steps (needs the plot extra: matplotlib)")
-    p.add_argument("--plot-steps", type=int, metavar="N", help="draw the plan up to global step N (chunk N where "
-                   "the plan has no steps); default: a quarter past the last stage's start")
-    p.add_argument("--batches-per-step", type=int, help="for --plot without global_batch_size: batches per global step "
-                   "(default: canonical_replicas)")
-
-
-def add_report_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "report", help="what a run delivered per stage and source against its plan (from checkpoints or audit logs)"
-    )
-    p.add_argument(
-        "inputs",
-        nargs="+",
-        metavar="PATH",
-        help="checkpoints (a state's .json, a DCP folder, a Megatron loader state, "
-        "a folder of step-N / iter_N checkpoints) or batch audit logs (files, or a folder of *.log)",
-    )
-    p.add_argument(
-        "--recipe",
-        help="the run's recipe: the sources' sizes (epochs) a checkpoint does not record; for audit logs "
-        "also the names, the plan and the rows' shape (padding)",
-    )
-    p.add_argument("--canonical-replicas", type=int, help="audit logs without --recipe: default the lanes seen")
-    p.add_argument(
-        "--batches-per-step", type=int, help="the run's batches per global step (default: canonical_replicas)"
-    )
-    p.add_argument("--plot", metavar="PNG", help="draw the run (needs the plot extra: matplotlib)")
-    p.add_argument("--html", metavar="HTML", help="write one self-contained page with the table and the picture")
-    add_shape_options(p)
-    p.set_defaults(fn=cmd_report)
+    if plot_steps:
+        span = chunk_at_step(p.work_source, plot_steps, per_step) or plot_steps
+    write_png(draw_picture(plan_picture(p.work_source, title, tokens_per_step=per_step, span=span)), path)

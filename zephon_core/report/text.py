@@ -11,8 +11,8 @@ import html
 import math
 from dataclasses import dataclass
 
-from zephon_core.tools.figures import StageFigures, fractions, shares_of, stage_figures
-from zephon_core.tools.run_history import Run
+from zephon_core.report.figures import StageFigures, fractions, shares_of, stage_figures
+from zephon_core.report.history import Run
 
 STAGE_COLUMNS = ["source", "tokens", "share", "documents", "share", "planned", "vs plan", "epochs"]
 TOTAL_COLUMNS = ["source", "tokens", "share", "documents", "share", "epochs"]

@@ -99,7 +99,7 @@ def cmd_from_megatron(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_from_megatron_parser(sub: Any) -> None:
+def register(sub: Any) -> None:
     p = sub.add_parser("from-megatron", help="write a recipe from Megatron-LM's --data-path / --data-args-path")
     p.add_argument("--data-path", nargs="+", metavar="WORD", help="Megatron's list: PREFIX ... or WEIGHT PREFIX ...")
     p.add_argument("--data-args-path", metavar="FILE", help="a file holding that list, as Megatron reads it")

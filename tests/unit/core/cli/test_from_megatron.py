@@ -12,9 +12,9 @@ import pytest
 from support.core_fixtures import zephon_cache_dir  # noqa: F401  (autouse: a private cache per test)
 
 from zephon_core import ConfigError
+from zephon_core.cli import build_parser, main
+from zephon_core.cli.from_megatron import parse_blend
 from zephon_core.recipe import load_recipe
-from zephon_core.tools.cli import build_parser, main
-from zephon_core.tools.from_megatron import parse_blend
 
 torch = pytest.importorskip("torch")
 blend_utils = pytest.importorskip("megatron.core.datasets.utils")

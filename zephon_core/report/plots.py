@@ -1,7 +1,7 @@
 """Drawing the plan and the run (``figures.Picture``, ``figures.StageBars``) with matplotlib, the ``plot`` extra.
 
 matplotlib is imported only when a picture is drawn; without it the command fails
-in one line naming the extra (``tools.errors``). Figures are built with
+in one line naming the extra (``cli.errors``). Figures are built with
 ``matplotlib.figure.Figure`` (no pyplot state, no display). Every source keeps one
 colour (``source_colour``), in the plan and in the run, so the two pictures read
 side by side.
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.tools.figures import Picture, StageBars
+from zephon_core.report.figures import Picture, StageBars
 
 # The project's teal first, then colours apart in hue and lightness (bench/plot.py uses the same teal and amber).
 PALETTE = ("#0b7a75", "#e0a526", "#6a4c93", "#c0392b", "#2c7fb8", "#7f8c8d", "#8c564b", "#e377c2", "#17becf", "#bcbd22")

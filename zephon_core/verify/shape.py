@@ -1,4 +1,4 @@
-"""How the command line builds a pipeline from any recipe, standalone or training.
+"""The pipeline a run built, rebuilt from its recipe and its shape, whether standalone or training.
 
 A ``[standalone]`` recipe names its tokenizer, ``seq_len`` and batch size; a
 training recipe leaves them to the framework, so the command line takes them
@@ -20,7 +20,6 @@ folder (TorchTitan's ``hf_assets_path``, Megatron's ``--tokenizer-model`` with
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -51,16 +50,6 @@ FRAMEWORKS = {
 }
 
 
-def add_shape_options(p: argparse.ArgumentParser) -> None:
-    """``--framework``, ``--tokenizer``, ``--seq-len`` and ``--batch-size`` for a command that builds a pipeline."""
-    g = p.add_argument_group("the run's shape", "a [standalone] recipe has its own (these override it); for a training recipe, "
-                             "give them as the run has them (docs/cli.md)")
-    g.add_argument("--framework", choices=sorted(FRAMEWORKS), help="tokenize and default the sizes as this framework's adapter does")
-    g.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or its folder (TorchTitan's hf_assets_path, Megatron's --tokenizer-model)")
-    g.add_argument("--seq-len", type=int, help="tokens per row (training.seq_len, --seq-length)")
-    g.add_argument("--batch-size", type=int, help="rows per batch (training.local_batch_size, --micro-batch-size)")
-
-
 @dataclass(frozen=True)
 class Shape:
     """What the command line was told about the run (None: not given)."""
@@ -70,12 +59,11 @@ class Shape:
     batch_size: int | None = None
     framework: str | None = None
 
-
-def shape_of(a: argparse.Namespace, definition: Mapping[str, Any] | None = None) -> Shape:
-    """The shape the command line gives; a seq_len or batch size not given comes from a checkpoint's ``definition``."""
-    ops = {op.get("op"): op for op in (definition or {}).get("ops", []) if isinstance(op, Mapping)}
-    seq_len = a.seq_len or ops.get("pack", {}).get("seq_len")
-    return Shape(a.tokenizer, seq_len, a.batch_size or ops.get("batch", {}).get("batch_size"), a.framework)
+    def filled_from(self, definition: Mapping[str, Any] | None) -> Shape:
+        """This shape; a seq_len or batch size not given comes from a checkpoint's ``definition``."""
+        ops = {op.get("op"): op for op in (definition or {}).get("ops", []) if isinstance(op, Mapping)}
+        seq_len = self.seq_len or ops.get("pack", {}).get("seq_len")
+        return Shape(self.tokenizer, seq_len, self.batch_size or ops.get("batch", {}).get("batch_size"), self.framework)
 
 
 def build(recipe: Recipe, shape: Shape, **options: Any) -> Pipeline:

@@ -19,20 +19,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import ROOT, zephon
+from support.cli import zephon
 
 from zephon_core import MemorySource, StaticMixture
 from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.cli import build_parser
+from zephon_core.cli.report import request_of
 from zephon_core.integration.batch_log import log_line, read_batch_log
 from zephon_core.metrics import sum_tallies
 from zephon_core.recipe import load_recipe
-from zephon_core.tools.cli import build_parser
-from zephon_core.tools.figures import run_picture, shares_of, stage_bars, stage_figures
-from zephon_core.tools.plan_figures import plan_picture, planned_step
-from zephon_core.tools.report import load_run
-from zephon_core.tools.shape import Shape, build
-from zephon_core.tools.simulate import Phase, run_phase
+from zephon_core.report.figures import run_picture, shares_of, stage_bars, stage_figures
+from zephon_core.report.load import load_run
+from zephon_core.report.plan_figures import plan_picture, planned_step
+from zephon_core.verify.shape import Shape, build
+from zephon_core.verify.simulate import Phase, run_phase
 
+ROOT = Path(__file__).resolve().parents[4]
 RECIPE = ROOT / "configs" / "data" / "curriculum.toml"
 PHASES = ((2, 25), (4, 25), (8, 20))
 B = 8  # batches per global step = canonical_replicas: one batch of every lane per step
@@ -65,7 +67,7 @@ def run(tmp_path_factory):
 
 
 def report_run(*argv: str):
-    return load_run(build_parser().parse_args(["report", *map(str, argv)]))
+    return load_run(request_of(build_parser().parse_args(["report", *map(str, argv)])))
 
 
 def _log_sums(logs: Path, n_stages: int, n_sources: int) -> tuple[np.ndarray, np.ndarray]:
@@ -249,7 +251,8 @@ def test_a_missing_matplotlib_names_the_plot_extra(run, tmp_path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'matplotlib'\", name='matplotlib')\n")
     env_path = f"{tmp_path / 'fake'}:{ROOT}"
-    r = subprocess.run([sys.executable, "-m", "zephon_core.tools.cli", "report", str(run["ckpt"]), "--plot", str(tmp_path / "x.png")],
+    r = subprocess.run([sys.executable, "-m", "zephon_core.cli", "report", str(run["ckpt"]),
+                        "--plot", str(tmp_path / "x.png")],
                        capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": env_path})
     assert r.returncode == 1 and "pip install 'zephon-suite[plot]'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 

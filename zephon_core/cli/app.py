@@ -1,0 +1,39 @@
+"""The ``zephon`` command line: plan, inspect, compare, verify, trace and report on data.
+
+Every command takes ``--help``. Errors print one line and exit 1 (``--debug``
+or ``ZEPHON_DEBUG=1`` adds the traceback); usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from zephon_core.cli import diff, explain, from_megatron, index, init, inspect, report, trace, verify_elastic
+from zephon_core.cli.errors import debug_option, run
+
+#: Every command, in the order ``zephon --help`` lists them: a module with ``register(sub)``, which adds
+#: its parser and sets ``fn`` to the function that runs it.
+COMMANDS = (explain, inspect, diff, verify_elastic, trace, report, index, init, from_megatron)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="zephon",
+                                 description="Plan, inspect, compare, verify, trace and report on Zephon pipelines.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(sub)
+    for sp in sub.choices.values():
+        debug_option(sp, argparse.SUPPRESS)
+    debug_option(ap, False)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run(args.fn, args, f"zephon {args.command}", debug=args.debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

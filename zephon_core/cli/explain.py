@@ -1,0 +1,53 @@
+"""``zephon explain``: the plan of a recipe, without loading data (``--plot``: drawn)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from zephon_core.cli.options import add_shape_options, load, pipeline
+
+
+def run(a: argparse.Namespace) -> int:
+    recipe = load(a.recipe)
+    opts: dict[str, Any] = {"world_size": a.world_size, "global_rank": 0}
+    if a.dp_degree is not None:
+        opts["dp_degree"] = a.dp_degree
+    if a.canonical_replicas is not None:
+        opts["canonical_replicas"] = a.canonical_replicas
+    if a.world_size > 1:
+        opts.setdefault("aggregate_dir", recipe.spec.aggregate.dir or "<aggregate_dir>")
+        opts.setdefault("run_id", recipe.spec.aggregate.run_id or "run")
+    p = pipeline(recipe, a, **opts)
+    print(p.explain(pipelines_per_node=a.per_node))
+    if a.plot:
+        from zephon_core.report.load import plan_png
+
+        plan_png(p, a.plot, title=f"plan: {a.recipe}", global_batch_size=recipe.spec.global_batch_size,
+                 batches_per_step=a.batches_per_step, plot_steps=a.plot_steps)
+        print(f"wrote {a.plot}")
+    return 0
+
+
+
+
+def _plot_options(p: argparse.ArgumentParser) -> None:
+    """``--plot`` and what it needs (``report.load.plan_png``)."""
+    p.add_argument("--plot", metavar="PNG", help="draw the planned schedule: shares and epochs per source over "
+                   "global steps (needs the plot extra: matplotlib)")
+    p.add_argument("--plot-steps", type=int, metavar="N", help="draw the plan up to global step N (chunk N where "
+                   "the plan has no steps); default: a quarter past the last stage's start")
+    p.add_argument("--batches-per-step", type=int, help="for --plot without global_batch_size: batches per global step "
+                   "(default: canonical_replicas)")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("explain", help="show the plan of a recipe without loading data")
+    p.add_argument("recipe")
+    p.add_argument("--dp-degree", type=int)
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--per-node", type=int, help="pipelines per node (default LOCAL_WORLD_SIZE or 1)")
+    p.add_argument("--canonical-replicas", type=int)
+    _plot_options(p)
+    add_shape_options(p)
+    p.set_defaults(fn=run)
