@@ -31,10 +31,12 @@ the nodes of the tree starting at ``s``, ``FAN_IN`` children each)::
 
 A writer that owns no node writes its own state; one that does writes the merge
 of its highest node (one file per writer per round, ``part-<rank>.json``,
-overwritten next round). A writer waits for the parts it merges up to its
-timeout and then writes what went wrong instead, so the leader's error names it;
-when the leader's own ``aggregate_timeout_s`` passes it looks down the tree and
-names the ranks that never wrote and the merging writers that never finished.
+overwritten next round). A merging writer waits for the parts it merges a little
+less than the leader does (one relay per level above it, ``account.deadline``),
+then looks down its own subtree and writes who never came instead (``account``);
+when the leader's own ``aggregate_timeout_s`` passes it looks down the tree, joins
+those accounts (waiting a little longer for those not yet written) and names the
+ranks that never wrote and the merging writers that never finished.
 
 **Stale files.** Tokens are random and used once. A round.json left ``open`` by
 an earlier launch names a round that was never published (the leader closes the

@@ -6,18 +6,9 @@ import collections
 import random
 from typing import Any, NoReturn
 
-from zephon_core.checkpoint.gather import (
-    Gatherer,
-    Member,
-    PartsMissing,
-    PartWaits,
-    RoundReplaced,
-    Steps,
-    leaf,
-    now,
-    pause,
-    span_label,
-)
+from zephon_core.checkpoint import account
+from zephon_core.checkpoint.account import PartsMissing, describe, examine, span_label
+from zephon_core.checkpoint.gather import Gatherer, Member, PartWaits, RoundReplaced, Steps, leaf, now, pause
 from zephon_core.checkpoint.names import ROUND_FILE, merged_file, part_file
 from zephon_core.checkpoint.records import Merged, Moved, Round, decode_merged, decode_round, encode_part
 from zephon_core.checkpoint.tree import Writers
@@ -142,25 +133,30 @@ class FollowerRound:
         slot = w.slot_of(me.rank)
         if slot is None:  # another rank of this dp group writes for it
             return None
-        top = me.tree(w).top(slot)
+        tree = me.tree(w)
+        top = tree.top(slot)
         own = leaf(self.local_state, rnd)
         if top > 0:
+            # It gives up before the leader does (as it reckons the leader's deadline): its account reaches the leader.
+            deadline = account.deadline(me, tree, top, self.deadline - GRACE_S)
+            gatherer = Gatherer(me, rnd, slot, deadline, watch_moved=True, waits=self.expect.parts)
             try:
-                own = yield from Gatherer(me, rnd, slot, self.deadline, watch_moved=True, waits=self.expect.parts).run(own, top)
+                own = yield from gatherer.run(own, top)
             except PartsMissing as m:
-                missing = ", ".join(w.who(c) for c in m.slots)
-                self.fail(rnd, top, slot, f"checkpoint aggregation timed out after {me.timeout_s:g}s in {d.path}: global rank {me.rank}, "
-                          f"merging the parts of {span_label(w, top, slot, w.slots, me.fan_in)}, never got the part(s) of {missing}; "
-                          "see the leader's error")
+                acc = examine(me, rnd, m, slot, top)
+                head = (f"checkpoint aggregation timed out after {me.timeout_s:g}s in {d.path}: global rank {me.rank}, "
+                        f"merging the parts of {span_label(w, top, slot, w.slots, me.fan_in)}, found")
+                self.fail(rnd, top, slot, describe(me, rnd, acc, head), acc.to_json())
             except AggregationError as e:
                 self.fail(rnd, top, slot, str(e))
         t = now()
         d.write(part_file(me.rank), encode_part(rnd, top, slot, own.state, own.strides))
         self.write_s = now() - t
 
-    def fail(self, rnd: Round, level: int, slot: int, message: str) -> NoReturn:
-        """Tell the writer above (and so the leader) why this node cannot be merged, then fail this checkpoint."""
-        self.me.folder.write(part_file(self.me.rank), encode_part(rnd, level, slot, None, None, error=message))
+    def fail(self, rnd: Round, level: int, slot: int, message: str, acc: dict[str, Any] | None = None) -> NoReturn:
+        """Tell the writer above (and so the leader) why this node cannot be merged (who never came: ``acc``)."""
+        part = encode_part(rnd, level, slot, None, None, error=message, account=acc)
+        self.me.folder.write(part_file(self.me.rank), part)
         raise AggregationError(message)
 
     def wait(self, rnd: Round) -> Steps[Merged | Moved]:

@@ -1,4 +1,4 @@
-"""A writer merging the tree nodes it owns in one round, and the leader's account of what never came."""
+"""A writer merging the tree nodes it owns in one round (what never came: ``account``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from zephon_core.checkpoint.account import Account, PartsMissing, span_label
 from zephon_core.checkpoint.folder import AggregateFolder
 from zephon_core.checkpoint.merge import merge_parsed
 from zephon_core.checkpoint.names import merged_file, part_file
-from zephon_core.checkpoint.records import Moved, Part, Round, decode_merged, decode_part, why_not_a_part
+from zephon_core.checkpoint.records import Moved, Part, Round, decode_merged, decode_part
 from zephon_core.checkpoint.state import LaneState, parse_lanes
 from zephon_core.checkpoint.tree import Tree, Writers, strides_of
 from zephon_core.errors import AggregationError, StateError
@@ -87,29 +88,12 @@ class PartWaits:
         self.came[(slots, level)] = waited
 
 
-class PartsMissing(Exception):
-    """The deadline passed before the parts of ``slots`` (children at ``level``) came."""
-
-    def __init__(self, level: int, slots: list[int], seen: dict[int, bytes | None]) -> None:
-        super().__init__(level, slots)
-        self.level, self.slots, self.seen = level, slots, seen
-
-
 class RoundReplaced(Exception):
     """The leader replaced this round (after it failed) by ``to``."""
 
     def __init__(self, to: Round) -> None:
         super().__init__(to.token)
         self.to = to
-
-
-def span_label(writers: Writers, level: int, first: int, slots: int, fan_in: int) -> str:
-    if level == 0:
-        return writers.who(first)
-    last = min(first + fan_in**level, slots) - 1
-    if writers.stride is None:
-        return f"global ranks {first}-{last}"
-    return f"the representatives of dp groups {first}-{last}"
 
 
 def join_strides(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -130,11 +114,21 @@ class Gatherer:
         self.watch_moved = watch_moved  # a follower that merges: the leader may replace a failed round
 
     def run(self, own: Subtree, top: int) -> Steps[Subtree]:
-        acc = own
+        """The merge of node ``(top, slot)``. When children gave up waiting (their parts hold accounts), it
+        still waits for the others up to the top, so that its own account (``PartsMissing``) holds them all."""
+        acc, gave_up = own, list[Account]()
         for level in range(1, top + 1):
             kids = self.tree.children(level, self.slot)
-            parts = yield from self.await_parts(level - 1, kids)
-            acc = self.merge(level, acc, parts)
+            try:
+                parts, accounts = yield from self.await_parts(level - 1, kids)
+            except PartsMissing as m:
+                m.accounts[:0] = gave_up
+                raise
+            gave_up += accounts
+            if not gave_up:
+                acc = self.merge(level, acc, parts)
+        if gave_up:
+            raise PartsMissing(top - 1, [], {}, gave_up)
         return acc
 
     def merge(self, level: int, acc: Subtree, parts: dict[int, Part]) -> Subtree:
@@ -152,8 +146,9 @@ class Gatherer:
             strides = join_strides(strides, parts[c].strides)
         return Subtree(state, merged, strides)
 
-    def await_parts(self, level: int, kids: list[int]) -> Steps[dict[int, Part]]:
-        """The parts of ``kids`` (first slots of nodes at ``level``), looked for until the deadline.
+    def await_parts(self, level: int, kids: list[int]) -> Steps[tuple[dict[int, Part], list[Account]]]:
+        """The parts of ``kids`` (first slots of nodes at ``level``), looked for until the deadline, and the
+        accounts of those that gave up waiting themselves.
 
         It looks at one missing part at a time, again and again until it comes, and
         then at once at the next one: on a folder a look costs microseconds. On an
@@ -163,6 +158,7 @@ class Gatherer:
         d, writers = self.me.folder, self.rnd.writers
         names = {c: part_file(writers.rank_of(c)) for c in kids}
         got: dict[int, Part] = {}
+        gave_up: dict[int, Account] = {}
         seen: dict[int, bytes | None] = {}
         start = now()
         delay, moved_at = d.pacing.first_s, start + d.pacing.moved_check_s
@@ -176,19 +172,21 @@ class Gatherer:
             for c in look:
                 seen[c] = blobs.get(names[c])
                 part = decode_part(seen[c], d.file(names[c]), self.rnd, level, c)
-                if part is not None:
+                if part is not None and part.account is not None:
+                    gave_up[c], came = Account.from_json(part.account), True
+                elif part is not None:
                     got[c], came = self.accept(part, level, c, d.file(names[c])), True
-            pending = [c for c in kids if c not in got]
+            pending = [c for c in kids if c not in got and c not in gave_up]
             if not pending:
                 self.waits.learn(self.tree.slots, level, now() - start)
-                return got
+                return got, list(gave_up.values())
             if came and (d.local or len(look) == 1):
                 look, delay = (pending[:1] if d.local else pending), d.pacing.first_s
                 continue
             look = pending[:1]
             t = now()
             if t > self.deadline:
-                raise PartsMissing(level, pending, seen)
+                raise PartsMissing(level, pending, seen, list(gave_up.values()))
             if self.watch_moved and t >= moved_at:
                 self.raise_if_replaced()
                 moved_at = t + d.pacing.moved_check_s
@@ -227,60 +225,3 @@ class Gatherer:
         if isinstance(G, int) and isinstance(g, int) and 0 <= g < G and sorted(int(k) for k in state["lanes"]) != owned_lanes(
                 state["canonical_replicas"], G, g):
             raise AggregationError(f"{where}: global rank {expected} holds lanes other than those of dp group {g} of {G}")
-
-
-def account_for(me: Member, rnd: Round, missing: PartsMissing, top: int, budget: int = 4096) -> str:
-    """Why the leader's round did not complete: which writers never wrote, which merging writers never finished.
-
-    ``missing`` is what the leader waited for when its time ran out; the nodes of the
-    levels above (up to ``top``), which it had not looked at yet, are examined too.
-    """
-    tree, w, d = me.tree(rnd.writers), rnd.writers, me.folder
-    absent: list[int] = []
-    stuck: list[tuple[int, int]] = []
-    notes: list[str] = []
-    later = [(level - 1, c) for level in range(missing.level + 2, top + 1) for c in tree.children(level, 0)]
-    # On a folder the leader looks at one missing part at a time: those behind the first never looked at are read now.
-    unseen = [(missing.level, c) for c in missing.slots if c not in missing.seen]
-    blobs = d.get_many([part_file(w.rank_of(c)) for _, c in unseen + later])
-    seen = {**missing.seen, **{c: blobs.get(part_file(w.rank_of(c))) for _, c in unseen + later}}
-    frontier = [(missing.level, c) for c in missing.slots if c in missing.seen or _no_part(seen[c], d, rnd, missing.level, c)]
-    frontier += [(lv, c) for lv, c in later if _no_part(seen[c], d, rnd, lv, c)]
-    while frontier:
-        for _, c in frontier:
-            why = why_not_a_part(seen.get(c), rnd)
-            if why not in ("no file", "a part of an earlier round"):
-                notes.append(f"{part_file(w.rank_of(c))} held {why}")
-        absent += [c for level, c in frontier if level == 0]
-        inner = [(level, c) for level, c in frontier if level > 0]
-        kids = [(level - 1, k, c) for level, c in inner for k in tree.children(level, c)]
-        if len(kids) > budget:
-            notes.append(f"the ranks below {', '.join(w.who(c) for _, c in inner)} were not examined")
-            break
-        budget -= len(kids)
-        blobs = d.get_many([part_file(w.rank_of(k)) for _, k, _ in kids])
-        seen = {k: blobs.get(part_file(w.rank_of(k))) for _, k, _ in kids}
-        lacking = {(lv, k, c) for lv, k, c in kids if _no_part(seen[k], d, rnd, lv, k)}
-        stuck += [(level, c) for level, c in inner if not any(p == c for _, _, p in lacking)]
-        frontier = [(lv, k) for lv, k, _ in sorted(lacking)]
-    parts = [f"checkpoint aggregation timed out after {me.timeout_s:g}s in {d.path}"]
-    if absent:
-        parts.append(f"{_ranks(w, absent)} of world_size={me.world_size} did not call checkpoint()")
-    for level, c in stuck:
-        parts.append(f"{_ranks(w, [c])} (merging the parts of {span_label(w, level, c, tree.slots, tree.fan_in)}) did not call "
-                     "checkpoint() or stopped before writing its part")
-    return "; ".join(parts + notes) + "; every pipeline counted in world_size must call it at the same step"
-
-
-def _no_part(data: bytes | None, d: AggregateFolder, rnd: Round, level: int, slot: int) -> bool:
-    try:
-        return decode_part(data, d.file(part_file(rnd.writers.rank_of(slot))), rnd, level, slot) is None
-    except AggregationError:
-        return False  # there, but wrong: its merging writer reports it
-
-
-def _ranks(w: Writers, slots: list[int]) -> str:
-    ranks = sorted(w.rank_of(c) for c in slots)
-    if w.stride is None:
-        return f"global rank(s) {ranks}"
-    return f"global rank(s) {ranks} (the representative(s) of dp group(s) {sorted(slots)})"

@@ -7,23 +7,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon_core.checkpoint.gather import (
-    Gatherer,
-    Member,
-    PartsMissing,
-    PartWaits,
-    Steps,
-    Subtree,
-    account_for,
-    leaf,
-    now,
-)
+from zephon_core.checkpoint.account import Account, PartsMissing, account_of, describe, examine
+from zephon_core.checkpoint.gather import Gatherer, Member, PartWaits, Steps, Subtree, leaf, now, pause
 from zephon_core.checkpoint.merge import merge_parsed
-from zephon_core.checkpoint.names import ROUND_FILE, TMP_PREFIX, merged_file, new_token, rank_of_part
+from zephon_core.checkpoint.names import ROUND_FILE, TMP_PREFIX, merged_file, new_token, part_file, rank_of_part
 from zephon_core.checkpoint.records import Round, decode_round, encode_merged, encode_moved, encode_round
 from zephon_core.checkpoint.state import canonical_json, parse_lanes
 from zephon_core.checkpoint.tree import Writers
 from zephon_core.errors import AggregationError
+
+#: The longest the leader waits, once its time ran out, for merging writers to say who never came below them.
+SETTLE_S = 5.0
 
 
 @dataclass
@@ -60,7 +54,9 @@ class LeaderRound:
             try:
                 top = yield from Gatherer(self.me, rnd, 0, self.deadline, watch_moved=False, waits=self.mem.parts).run(leaf(local_state, rnd), tree.depth)
             except PartsMissing as m:
-                raise AggregationError(account_for(self.me, rnd, m, tree.depth)) from None
+                acc = yield from self.settle(rnd, examine(self.me, rnd, m, 0, tree.depth))
+                head = f"checkpoint aggregation timed out after {self.me.timeout_s:g}s in {self.me.folder.path}"
+                raise AggregationError(describe(self.me, rnd, acc, head)) from None
             if tree.depth == 0:  # the leader alone writes: its own state, as every merge leaves it
                 own = top.lanes if top.lanes is not None else parse_lanes(top.state)
                 state, lanes = merge_parsed([top.state], [own], world_size=self.me.world_size, labels=["global rank 0"])
@@ -71,6 +67,22 @@ class LeaderRound:
             self.mem.unpublished.append(rnd.token)
             raise
         return json.loads(state_json), following
+
+    def settle(self, rnd: Round, acc: Account) -> Steps[Account]:
+        """Merging writers that never finished may still publish who never came below them: a merging writer
+        gives up before the leader by the time its account takes to come up (``account.deadline``), as it
+        reckons from its own call, which may come later than the leader's. Their parts are looked at for a
+        while longer (a quarter of the timeout, at most ``SETTLE_S``); those that come name the ranks instead."""
+        d, w = self.me.folder, rnd.writers
+        until = now() + min(self.me.timeout_s / 4, SETTLE_S)
+        while acc.stuck and now() < until:
+            yield pause(d.pacing.merge_max_s)
+            blobs = d.get_many([part_file(w.rank_of(c)) for _, c in acc.stuck])
+            came = {(lv, c): account_of(blobs.get(part_file(w.rank_of(c))), d, rnd, lv, c) for lv, c in acc.stuck}
+            for node, a in came.items():
+                if a is not None:
+                    acc = Account(acc.absent, [s for s in acc.stuck if s != node], acc.notes).join(a)
+        return acc
 
     def open(self) -> tuple[Round, bool]:
         d, mem = self.me.folder, self.mem

@@ -53,15 +53,18 @@ class Part:
     lanes: dict[int, LaneState]  # the state's, validated
     strides: dict[str, Any] | None  # while every rank writes: the strides that fit the ranks below
     error: str | None = None
+    # With ``error``, when its writer's time ran out: who below it never came (``account.Account.to_json``).
+    account: dict[str, Any] | None = None
 
 
-_PART_KEYS = {"level", "first", "state", "strides", "error"}
+_PART_KEYS = {"level", "first", "state", "strides", "error", "account"}
 
 
 def encode_part(rnd: Round, level: int, first: int, state: dict[str, Any] | None, strides: dict[str, Any] | None,
-                error: str | None = None) -> bytes:
+                error: str | None = None, account: dict[str, Any] | None = None) -> bytes:
     """A header line (kind, token, the SHA-256 of the rest) and the part: written in place, a reader takes it only whole."""
-    body = canonical_json({"level": level, "first": first, "state": state, "strides": strides, "error": error}).encode()
+    rec = {"level": level, "first": first, "state": state, "strides": strides, "error": error, "account": account}
+    body = canonical_json(rec).encode()
     return canonical_json({"kind": PART, "token": rnd.token, "sha256": hashlib.sha256(body).hexdigest()}).encode() + b"\n" + body
 
 
@@ -84,7 +87,10 @@ def decode_part(data: bytes | None, where: str, rnd: Round, level: int, first: i
     if not isinstance(rec, dict) or set(rec) != _PART_KEYS or (rec["level"], rec["first"]) != (level, first):
         raise AggregationError(f"{where}: a part of this round, but not the one expected (level {level}, first slot {first})")
     if rec["error"] is not None:
-        return Part(level, first, None, {}, None, str(rec["error"]))
+        account = rec["account"]
+        if account is not None and not _is_account(account):
+            raise AggregationError(f"{where}: malformed field account {str(account)[:120]!r}")
+        return Part(level, first, None, {}, None, str(rec["error"]), account)
     try:
         lanes = parse_lanes(rec["state"])
         verify_checksum(rec["state"])
@@ -95,6 +101,15 @@ def decode_part(data: bytes | None, where: str, rnd: Round, level: int, first: i
                                     and isinstance(strides["candidates"], list)):
         raise AggregationError(f"{where}: malformed field strides {strides!r}")
     return Part(level, first, rec["state"], lanes, strides)
+
+
+def _is_account(value: Any) -> bool:
+    def ints(xs: Any, n: int | None = None) -> bool:
+        return isinstance(xs, list) and (n is None or len(xs) == n) \
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
+    return (isinstance(value, dict) and set(value) == {"absent", "stuck", "notes"} and ints(value["absent"])
+            and isinstance(value["stuck"], list) and all(ints(x, 2) for x in value["stuck"])
+            and isinstance(value["notes"], list) and all(isinstance(x, str) for x in value["notes"]))
 
 
 def why_not_a_part(data: bytes | None, rnd: Round) -> str:
