@@ -337,6 +337,7 @@ class ArrowSource(TextShardedSource):
     format_name = "arrow"
     kind = "arrow"
     suffixes = (".arrow",)
+    index_keys = _INDEX_KEYS
 
     def __init__(self, path: str | Sequence[str], text_field: str = "text", *, name: str | None = None,
                  storage_options: dict[str, Any] | None = None, attempts: int = 5, local_copy: bool = False,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.sources import index_cache, manifest
+from zephon_core.sources import index_cache
 from zephon_core.sources.base import Source, default_name, open_fs
 from zephon_core.sources.byte_access import ByteReader, compression_of, file_sample, open_bytes
 from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
@@ -193,6 +193,7 @@ class JsonlSource(ShardedSource):
     kind = "jsonl"
     suffixes = SUFFIXES
     pretokenized = False
+    index_keys = ("starts", "lengths", "lines")
 
     def __init__(self, path: str | Sequence[str], text_field: str | None = "text", *, name: str | None = None,
                  cache_dir: str | None = None, storage_options: dict[str, Any] | None = None, attempts: int = 5,
@@ -209,9 +210,8 @@ class JsonlSource(ShardedSource):
         return {"text_field": self.text_field}
 
     def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> JsonlFile:
-        index = manifest.read_index(self.files, meta.name) if meta is not None and self.access.manifest else None
-        return JsonlFile(url, self.text_field, storage_options=self.storage_options, access=self.access, known=meta, index=index, stat=stat,
-                         allow_empty=not single)
+        return JsonlFile(url, self.text_field, storage_options=self.storage_options, access=self.access, known=meta,
+                         index=self.stored_index(meta), stat=stat, allow_empty=not single)
 
     def index_arrays(self, f: int) -> dict[str, np.ndarray]:
         """File ``f``'s byte-offset index, for the manifest."""

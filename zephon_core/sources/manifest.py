@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,15 +76,24 @@ def write_manifest(files: FileSet, kind: str, options: Mapping[str, Any], metas:
     return str(files.fs.unstrip_protocol(path))
 
 
-def read_index(files: FileSet, name: str) -> dict[str, np.ndarray] | None:
-    """A file's index arrays written with the manifest, or None."""
+def read_index(files: FileSet, name: str, keys: Sequence[str] = ()) -> dict[str, np.ndarray] | None:
+    """A file's index arrays written with the manifest, or None; ``keys``: the arrays it must hold, exactly.
+    A damaged file is a ``DataError`` naming it and the fix."""
     path = _join(files.root, f"{INDEX_DIR}/{name}.npz")
     try:
         data = files.fs.cat_file(path)
     except FileNotFoundError:
         return None
-    with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}  # every member read whole: its CRC checked
+        if keys and sorted(arrays) != sorted(keys):
+            raise KeyError(f"it holds the arrays {sorted(arrays)}, not {sorted(keys)}")
+        return arrays
+    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, KeyError, IndexError, NotImplementedError) as e:
+        why = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        raise DataError(f"{files.fs.unstrip_protocol(path)}: a damaged index file ({why}); write the manifest again: "
+                        f"zephon index {files.fs.unstrip_protocol(files.root)}") from None
 
 
 def _load(fs: fsspec.AbstractFileSystem, root: str, kind: str, options: Mapping[str, Any]) -> tuple[str, list[ShardMeta]] | None:

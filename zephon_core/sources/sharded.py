@@ -72,6 +72,8 @@ class ShardedSource(FileSource):
 
     #: ``zephon index`` writes this format's manifests (False: the data carries its own, as MDS's index.json).
     indexable: ClassVar[bool] = True
+    #: The arrays of a file's index that a manifest stores beside it (``index_arrays``), if the format has one.
+    index_keys: ClassVar[tuple[str, ...]] = ()
 
     def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> Source:
         raise NotImplementedError
@@ -87,6 +89,12 @@ class ShardedSource(FileSource):
     def file_specs(cls, path: str | Sequence[str], storage_options: dict[str, Any] | None = None) -> str | Sequence[str]:
         """The paths, globs or folders of files that ``path`` names (a format may name files by a prefix)."""
         return path
+
+    def stored_index(self, meta: ShardMeta | None) -> dict[str, np.ndarray] | None:
+        """A file's index arrays that the manifest keeps (None without a manifest, or with it disabled)."""
+        if meta is None or not self.access.manifest:
+            return None
+        return manifest.read_index(self.files, meta.name, self.index_keys)
 
     def meta_of(self, st: FileStat, opened: Source) -> ShardMeta:
         """A file's manifest entry, from the opened file."""
@@ -219,7 +227,3 @@ class TextShardedSource(ShardedSource):
 
     def manifest_options(self) -> dict[str, Any]:
         return {"text_field": self.text_field}
-
-    def stored_index(self, meta: ShardMeta | None) -> dict[str, np.ndarray] | None:
-        """A file's index arrays that the manifest keeps (None without a manifest, or with it disabled)."""
-        return manifest.read_index(self.files, meta.name) if meta is not None and self.access.manifest else None

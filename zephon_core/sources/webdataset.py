@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.sources import index_cache, manifest
+from zephon_core.sources import index_cache
 from zephon_core.sources.base import Source, default_name, open_fs
 from zephon_core.sources.byte_access import ByteReader, compression_of, file_sample, open_bytes
 from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
@@ -333,6 +333,7 @@ class WebDatasetSource(ShardedSource):
     kind = "webdataset"
     suffixes = SUFFIXES
     pretokenized = False
+    index_keys = ("starts", "lengths")
 
     def __init__(self, path: str | Sequence[str], text_field: str = "text", *, name: str | None = None,
                  storage_options: dict[str, Any] | None = None, access: Access | None = None) -> None:
@@ -355,9 +356,8 @@ class WebDatasetSource(ShardedSource):
         return {"member": member_of(self.text_field)}
 
     def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> WebDatasetFile:
-        index = manifest.read_index(self.files, meta.name) if meta is not None and self.access.manifest else None
         return WebDatasetFile(url, self.text_field, storage_options=self.storage_options, access=self.access,
-                              known=meta, index=index, stat=stat, allow_empty=not single)
+                              known=meta, index=self.stored_index(meta), stat=stat, allow_empty=not single)
 
     def index_arrays(self, f: int) -> dict[str, np.ndarray]:
         """Shard ``f``'s index of text members, for the manifest."""
