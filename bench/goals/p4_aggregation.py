@@ -8,7 +8,13 @@ import aggregate_ranks
 from goal import Goal, Target, row, verdict
 from harness import Context, fmt, log
 
-TARGETS = {"P4_8_ranks_ms": 50.0, "P4_64_ranks_ms": 1500.0}
+# P4_8_ranks_ms holds on a folder, where a store call takes microseconds. On an object store a round is
+# counted in the store's own round trips (its median read and write, measured in the same run after the
+# rounds): an absolute figure would measure the server (moto: 3-8 ms a call on 2 cores, S3: 10-30 ms).
+# The floor is FLOOR_ROUND_TRIPS one after another: a writer puts its part, the leader reads the parts,
+# puts the merged state, a rank reads it. Above it: the pauses between looks (``folder.Pacing``), by design.
+TARGETS = {"P4_8_ranks_ms": 50.0, "P4_64_ranks_ms": 1500.0, "P4_8_ranks_s3_round_trips": 20.0}
+FLOOR_ROUND_TRIPS = 4
 SHOWN_OPS = ("names", "get", "get_many", "put", "remove", "sleep")
 # results.json key -> label. "s3" is moto's server (the tests' one; a single Python process, so its CPU
 # cost is in the numbers), "s3rver" a node S3 server (bench/run.sh installs it).
@@ -42,12 +48,31 @@ def run(ctx: Context) -> dict:
     return out
 
 
+def round_trip_ms(res: dict) -> float | None:
+    """One store round trip in this run: the mean of its median read and median write (after the rounds)."""
+    sl = res.get("store_latency_ms") or {}
+    rw = [sl[k] for k in ("read", "write (atomic publish)") if k in sl]
+    return sum(rw) / len(rw) if rw else None
+
+
+def round_trips(res: dict, n: str) -> float | None:
+    """A warm round of ``n`` ranks in store round trips (floor: FLOOR_ROUND_TRIPS)."""
+    y, rt = res.get("per_ranks", {}).get(n, {}), round_trip_ms(res)
+    return y["warm_ms"] / rt if rt and "warm_ms" in y else None
+
+
 def verdicts(R: dict) -> list[dict]:
     p4 = R.get("P4", {})
     rows = []
     for backend, label in BACKENDS.items():  # one verdict per server: moto's numbers include its own CPU cost
         pr = p4.get(backend, {}).get("per_ranks", {})
+        if backend != "local" and (k := round_trips(p4.get(backend, {}), "8")) is not None:
+            rows.append(verdict(f"P4 aggregation 8 ranks, {label}, in store round trips (warm median; floor "
+                                f"{FLOOR_ROUND_TRIPS})", Target("<=", TARGETS["P4_8_ranks_s3_round_trips"]), k,
+                                f"{k:.0f} ({pr['8']['warm_ms']:.0f} ms / {round_trip_ms(p4[backend]):.1f} ms)"))
         for n, key in (("8", "P4_8_ranks_ms"), ("64", "P4_64_ranks_ms")):
+            if n == "8" and backend != "local":
+                continue  # counted in round trips above
             y, target = pr.get(n), Target("<=", TARGETS[key], " ms")
             if y and "warm_ms" in y:
                 rows.append(verdict(f"P4 aggregation {n} ranks, {label} (warm median)", target, y["warm_ms"],
@@ -73,10 +98,14 @@ def _latency_table(R: dict, B: dict) -> list[str]:
                  + "".join(f" {fmt(before[b].get(n, {}).get('warm_ms'), '.0f')} |" for b in shown_before))
     L.append("")
     for backend, label in BACKENDS.items():
-        sl = R["P4"].get(backend, {}).get("store_latency_ms")
+        res = R["P4"].get(backend, {})
+        sl = res.get("store_latency_ms")
         if sl:
+            trips = {n: round_trips(res, n) for n in sorted(res.get("per_ranks", {}), key=int)}
             L.append(f"Single store call latency, {label} (median, measured after the runs): "
-                     + ", ".join(f"{k} {v:.1f} ms" for k, v in sl.items()) + ".  ")
+                     + ", ".join(f"{k} {v:.1f} ms" for k, v in sl.items()) + "; a warm round in round trips of "
+                     f"{round_trip_ms(res):.1f} ms (floor {FLOOR_ROUND_TRIPS}): "
+                     + ", ".join(f"{n} ranks {fmt(k, '.0f')}" for n, k in trips.items()) + ".  ")
         elif R["P4"].get(backend, {}).get("error"):
             L.append(f"{label}: {R['P4'][backend]['error']}.  ")
     return L + [""]

@@ -9,14 +9,21 @@ from goal import Goal, Target, verdict
 from harness import Context, fmt, log
 from measure import emit
 
-TARGETS = {"P4S_512_processes_s": 1.0, "P4S_16k_local_s": 3.0, "P4S_16k_s3_s": 10.0, "P4S_ops_per_rank": 5.0}
+TARGETS = {"P4S_512_processes_s": 1.0, "P4S_16k_local_s": 3.0, "P4S_16k_s3_s": 10.0, "P4S_ops_per_rank": 5.0,
+           "P4S_16k_many_lanes_local_s": 10.0}
 # name -> bench/aggregate_scale.py's arguments. 16,384 ranks as TorchTitan lays out Llama-3 405B's 16k GPUs
-# (tp 8, pp 16, dp 128); real processes with every rank its own dp group (every rank writes: the heaviest
+# (tp 8, pp 16, dp 128: 128 lanes), and as a job without pipeline stages lays them out (tp 8, pp 1, dp 2,048:
+# 2,048 lanes, a merged state 16 times as large, which every rank reads: the bytes read per checkpoint grow
+# with ranks x lanes); real processes with every rank its own dp group (every rank writes: the heaviest
 # case) and with tp 8. On s3 the ranks' looks are paced for 150 requests a second, what moto serves on 2
 # cores beside the ranks (the default is sized for S3's 5,500 a second per prefix), and the first round
 # (16,384 writers) takes many minutes on moto: hence the long timeout.
 CASES = {
     "16384 simulated, local": ["--ranks", "16384", "--tp", "8", "--pp", "16", "--processes", "4", "--rounds", "4"],
+    "16384 simulated, local, tp 8 pp 1 (2048 lanes)": ["--ranks", "16384", "--tp", "8", "--pp", "1", "--processes", "4",
+                                                       "--rounds", "3", "--timeout", "900"],
+    "4096 simulated, local, tp 8 pp 1 (512 lanes)": ["--ranks", "4096", "--tp", "8", "--pp", "1", "--processes", "4",
+                                                     "--rounds", "3"],
     "16384 simulated, s3 +20 ms": ["--ranks", "16384", "--tp", "8", "--pp", "16", "--processes", "16", "--rounds", "3",
                                    "--backend", "s3", "--latency-ms", "20", "--follow-budget", "150",
                                    "--timeout", "1500"],
@@ -38,7 +45,7 @@ def _wanted(name: str, ctx: Context) -> bool:
     local, s3 = "P4S" in ctx.only, "P4S3" in ctx.only
     if ("s3" in name and not s3) or ("s3" not in name and not local):
         return False
-    return not (ctx.quick and ("16384" in name or name.startswith("512")))
+    return not (ctx.quick and ("16384" in name or "4096" in name or name.startswith("512")))
 
 
 def run(ctx: Context) -> dict:
@@ -70,18 +77,22 @@ def verdicts(R: dict) -> list[dict]:
     p4s = R.get("P4S", {})
     rows = []
     for name, key in (("512 processes, dp 512", "P4S_512_processes_s"), ("16384 simulated, local", "P4S_16k_local_s"),
+                      ("16384 simulated, local, tp 8 pp 1 (2048 lanes)", "P4S_16k_many_lanes_local_s"),
                       ("16384 simulated, s3 +20 ms", "P4S_16k_s3_s")):
         w = warm(p4s.get(name, {}))
         if w:
             rows.append(verdict(f"P4S aggregation {name} (warm median; 2 CPUs)", Target("<=", TARGETS[key], " s"),
                                 w["latency_s"], f"{w['latency_s']:.2f} s"))
-    for name in ("16384 simulated, local", "16384 simulated, s3 +20 ms", "512 processes, dp 512"):
-        w = warm(p4s.get(name, {}))
+    for name in ("16384 simulated, local", "16384 simulated, local, tp 8 pp 1 (2048 lanes)",
+                 "16384 simulated, s3 +20 ms", "512 processes, dp 512"):
+        res = p4s.get(name, {})
+        w = warm(res)
         if w:
             v = w["ops_per_rank_mean"]
             rows.append(verdict(f"P4S metadata operations per rank per checkpoint, {name} (warm)",
                                 Target("<=", TARGETS["P4S_ops_per_rank"]), v,
                                 f"{v:.2f} ({w['bytes_read_per_rank'] / 1e3:.1f} kB read, "
+                                f"{w['bytes_read_per_rank'] * res['ranks'] / 1e6:.0f} MB a checkpoint; "
                                 f"{w['bytes_written_per_rank']:.0f} B written)"))
     return rows
 
@@ -90,14 +101,15 @@ def _rows(name: str, res: dict) -> list[str]:
     L = []
     for x in res.get("rounds", []):
         if x["error_count"]:
-            L.append(f"| {name} | {x['round']} | errors: {x['errors'][:1]} | | | | | | |")
+            L.append(f"| {name} | {x['round']} | errors: {x['errors'][:1]} | | | | | | | |")
             continue
         srv = x.get("server_requests_per_rank", {}).get("requests")
+        per_checkpoint = x["bytes_read_per_rank"] * res["ranks"] / 1e6 if "ranks" in res else None
         L.append(f"| {name} | {x['round']} | {x['latency_s']:.2f} | {x['cpu_s']:.1f} | {x['writers']} | "
                  f"{x['ops_per_rank_mean']:.2f} ({x['ops_per_rank_max']}) | {x['bytes_read_per_rank'] / 1e3:.1f} | "
-                 f"{x['bytes_written_per_rank']:.0f} | {fmt(srv, '.2f')} |")
+                 f"{fmt(per_checkpoint, '.0f')} | {x['bytes_written_per_rank']:.0f} | {fmt(srv, '.2f')} |")
     if "error" in res:
-        L.append(f"| {name} | | {res['error']} | | | | | | |")
+        L.append(f"| {name} | | {res['error']} | | | | | | | |")
     return L
 
 
@@ -109,8 +121,8 @@ def section(R: dict, B: dict) -> list[str]:
              "representative. Latency: last rank done - first rank's call. Operations and bytes: per rank per "
              "checkpoint (bench/fsops.py).\n")
     L.append("| case | round | latency s | CPU s | writers | metadata ops / rank (max) | kB read / rank | "
-             "B written / rank | S3 requests / rank |")
-    L.append("|---|---|---|---|---|---|---|---|---|")
+             "MB read / checkpoint | B written / rank | S3 requests / rank |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
     for name, res in R["P4S"].items():
         L += _rows(name, res)
     return L + [""]
