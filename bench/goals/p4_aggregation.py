@@ -101,11 +101,12 @@ def _latency_table(R: dict, B: dict) -> list[str]:
         res = R["P4"].get(backend, {})
         sl = res.get("store_latency_ms")
         if sl:
-            trips = {n: round_trips(res, n) for n in sorted(res.get("per_ranks", {}), key=int)}
+            trips = ", ".join(f"{n} ranks {fmt(round_trips(res, n), '.0f')}"
+                              for n in sorted(res.get("per_ranks", {}), key=int))
+            in_trips = "" if backend == "local" else (
+                f"; a warm round in round trips of {round_trip_ms(res):.1f} ms (floor {FLOOR_ROUND_TRIPS}): {trips}")
             L.append(f"Single store call latency, {label} (median, measured after the runs): "
-                     + ", ".join(f"{k} {v:.1f} ms" for k, v in sl.items()) + "; a warm round in round trips of "
-                     f"{round_trip_ms(res):.1f} ms (floor {FLOOR_ROUND_TRIPS}): "
-                     + ", ".join(f"{n} ranks {fmt(k, '.0f')}" for n, k in trips.items()) + ".  ")
+                     + ", ".join(f"{k} {v:.1f} ms" for k, v in sl.items()) + in_trips + ".  ")
         elif R["P4"].get(backend, {}).get("error"):
             L.append(f"{label}: {R['P4'][backend]['error']}.  ")
     return L + [""]
