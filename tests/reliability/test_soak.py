@@ -21,15 +21,14 @@ import os
 import threading
 import uuid
 from collections import Counter
+from typing import Any
 
-import pytest
 import relkit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 SOAK = os.environ.get("ZEPHON_SOAK") == "1"
 MAX_SEGMENTS = 6 if SOAK else 3
-TOTALS = {"examples": 0, "segments": 0, "checkpoints": 0, "crashes": 0, "rows": 0, "lost": 0, "duplicated": 0}
 
 
 def divisors(n: int) -> list[int]:
@@ -109,12 +108,9 @@ def _run_segment(agg: str, run_id: str, C: int, m: int, window: int, G: int, tp:
     return committed, merged[0][-1], len(steps)
 
 
-@settings(max_examples=200 if SOAK else 20, deadline=None, derandomize=not SOAK, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(scenarios())
-def test_random_topologies_checkpoints_and_crashes(tmp_path_factory, scenario):
+def _check_run(agg: str, scenario, totals: Counter) -> None:
+    """One example: its segments one after another, then its committed rows against an uninterrupted run."""
     C, m, window, segments = scenario
-    agg = str(tmp_path_factory.getbasetemp() / "soak-agg")
     run_id = f"soak-{uuid.uuid4().hex[:12]}"
     state = None
     rows: list = []
@@ -123,8 +119,8 @@ def test_random_topologies_checkpoints_and_crashes(tmp_path_factory, scenario):
         committed, state, n_ckpt = _run_segment(agg, run_id, C, m, window, G, tp, steps, crash_after, state)
         rows += committed
         total += sum(steps)
-        TOTALS["checkpoints"] += n_ckpt
-        TOTALS["crashes"] += bool(crash_after)
+        totals["checkpoints"] += n_ckpt
+        totals["crashes"] += bool(crash_after)
     got: dict[int, Counter] = {}
     for rec in rows:
         got.setdefault(rec["lane_index"] // m, Counter()).update(rec["rows"])
@@ -136,19 +132,51 @@ def test_random_topologies_checkpoints_and_crashes(tmp_path_factory, scenario):
         ref.setdefault(rec["lane_index"] // m, Counter()).update(rec["rows"])
     p.close()
     checked, lost, dup = relkit.compare(got, ref)
-    TOTALS["examples"] += 1
-    TOTALS["segments"] += len(segments)
-    TOTALS["rows"] += checked
-    TOTALS["lost"] += lost
-    TOTALS["duplicated"] += dup
+    totals["examples"] += 1
+    totals["segments"] += len(segments)
+    totals["rows"] += checked
+    totals["lost"] += lost
+    totals["duplicated"] += dup
     assert (lost, dup) == (0, 0), f"C={C} m={m} window={window} segments={segments}: {lost} lost, {dup} duplicated"
 
 
-def test_soak_totals(rel):
-    """Records what the property test above checked (runs after it)."""
-    t = TOTALS
-    if not t["examples"]:
-        pytest.skip("the soak property test did not run in this session")
+_SOAK: dict[str, Any] = {}  # the one search of this session: its totals, or what it raised
+
+
+def soak_totals(tmp_path_factory) -> Counter:
+    """Runs the property search once a session, whichever test asks first, and returns what it checked.
+
+    Both tests below ask, so each passes (or fails) alike alone, together or in any order; the search is
+    derandomized (unless ZEPHON_SOAK=1), so its totals do not depend on which test ran it."""
+    if not _SOAK:
+        totals: Counter = Counter({k: 0 for k in ("examples", "segments", "checkpoints", "crashes", "rows", "lost", "duplicated")})
+        agg = str(tmp_path_factory.getbasetemp() / "soak-agg")
+
+        @settings(max_examples=200 if SOAK else 20, deadline=None, derandomize=not SOAK, database=None,
+                  suppress_health_check=[HealthCheck.too_slow])
+        @given(scenarios())
+        def search(scenario) -> None:
+            _check_run(agg, scenario, totals)
+
+        try:
+            search()
+        except BaseException as e:  # noqa: BLE001 - kept, and raised again to every test that asks
+            _SOAK["error"] = e
+            raise
+        _SOAK["totals"] = totals
+    if "error" in _SOAK:
+        raise _SOAK["error"]
+    return _SOAK["totals"]
+
+
+def test_random_topologies_checkpoints_and_crashes(tmp_path_factory):
+    t = soak_totals(tmp_path_factory)
+    assert t["lost"] == t["duplicated"] == 0, t
+
+
+def test_soak_totals(rel, tmp_path_factory):
+    """Records what the property search checked (running it first if no test of this session has)."""
+    t = soak_totals(tmp_path_factory)
     rel.case(
         f"soak{' (ZEPHON_SOAK=1)' if SOAK else ''}: {t['examples']} runs, {t['segments']} topologies, {t['checkpoints']} aggregated "
         f"checkpoints, {t['crashes']} crashes",
