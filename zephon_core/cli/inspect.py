@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.curriculum.definition import parse_definition
 from zephon_core.integration.state_readers import load_state
 
 
@@ -16,25 +17,29 @@ def run(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(state, indent=2, sort_keys=True))
         return 0
-    d = state["definition"]
+    D = parse_definition(state["definition"])
+    ws = D.work_source
     print(f"{a.checkpoint}")
     print(f"  format:             {state['format']} version {state['version']}")
     print(f"  fingerprint:        {state['fingerprint']}")
     print(f"  canonical_replicas: {state['canonical_replicas']}")
     print("  topology:           " + ", ".join(f"{k}={v}" for k, v in sorted(state["topology"].items())))
-    ws = d.get("work_source", {})
-    print(f"  work source:        {ws.get('kind')} seed={ws.get('seed')} chunk_size={ws.get('chunk_size')} "
-          f"exhausted={ws.get('exhausted')}")
-    for s in ws.get("sources", []):
-        weight = f" weight={s['weight']}" if "weight" in s else ""
+    if ws is None:
+        print(f"  work source:        {state['definition']['work_source'].get('kind')}")
+    else:
+        print(f"  work source:        {ws.kind} seed={ws.seed} chunk_size={ws.chunk_size} exhausted={ws.exhausted}")
+    for s in ws.sources if ws is not None else ():
+        weight = f" weight={s.weight}" if s.weight is not None else ""
         # A fingerprint records a source's documents where it knows them, else its files' bytes.
-        size = f"documents={s['documents']}" if "documents" in s else f"bytes={s['size']}" if "size" in s else "size=?"
-        print(f"    {s.get('name')}: {s.get('kind')}{weight} {size}")
-    for n, st in enumerate(ws.get("stages", [])):
-        weights = ", ".join(f"{k}={v}" for k, v in st.get("weights", {}).items())
-        print(f"    stage {n} {st.get('name')!r}: from global chunk {st.get('start_chunk')} ({st.get('start')}), "
-              f"weight_by={st.get('weight_by')}: {weights}")
-    print("  operators:          " + " -> ".join(op.get("op", "?") for op in d.get("ops", [])))
+        fp = s.fingerprint
+        size = f"bytes={fp['size']}" if "size" in fp else "size=?"
+        size = f"documents={s.documents}" if s.documents is not None else size
+        print(f"    {s.name}: {fp.get('kind')}{weight} {size}")
+    for n, st in enumerate(ws.stages if ws is not None and not ws.static else ()):
+        weights = ", ".join(f"{k}={v}" for k, v in st.weights.items())
+        print(f"    stage {n} {st.name!r}: from global chunk {st.start_chunk} ({st.start}), "
+              f"weight_by={st.weight_by}: {weights}")
+    print("  operators:          " + " -> ".join(op["op"] for op in D.ops))
     print("  lanes:              lane  chunk  document  token  in-window  delivered")
     for lane in sorted(lanes):
         c = lanes[lane].cursor

@@ -13,7 +13,6 @@ audit logs alone carry numbers only (``source 0``, ``stage 0``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.curriculum.definition import parse_definition
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import DataError
 from zephon_core.integration.batch_log import LoggedBatch
@@ -74,36 +74,14 @@ def curriculum_of(work_source: WorkSource, where: str) -> Curriculum:
     )
 
 
-def _shares(weights: Mapping[str, Any], names: Sequence[str]) -> list[float]:
-    values = [float(weights.get(n, 0) or 0) for n in names]
-    total = math.fsum(values)
-    return [v / total if total else 0.0 for v in values]
-
-
 def curriculum_of_definition(definition: Mapping[str, Any]) -> Curriculum:
     """The curriculum a state's ``definition`` records; sizes where its sources' fingerprints count documents."""
-    ws = definition.get("work_source") or {}
-    sources = [s for s in ws.get("sources") or [] if isinstance(s, Mapping)]
-    names = [str(s.get("name", f"source {n}")) for n, s in enumerate(sources)]
-    sizes: list[int | None] = [s["documents"] if isinstance(s.get("documents"), int) else None for s in sources]
-    where = "the checkpoint" if any(n is not None for n in sizes) else ""
-    if ws.get("kind") == "static_mixture":
-        return Curriculum(
-            names,
-            ["mixture"],
-            [("documents", _shares({n: s.get("weight", 0) for n, s in zip(names, sources)}, names))],
-            sizes,
-            where,
-            [0],
-        )
-    stages = [st for st in ws.get("stages") or [] if isinstance(st, Mapping)]
-    if not stages:
-        return Curriculum(names, ["mixture"], None, sizes, where, [0])
-    shares = [(str(st.get("weight_by", "documents")), _shares(st.get("weights") or {}, names)) for st in stages]
-    starts = [int(st.get("start_chunk", 0)) for st in stages]
-    return Curriculum(
-        names, [str(st.get("name", f"stage {i}")) for i, st in enumerate(stages)], shares, sizes, where, starts
-    )
+    c = parse_definition(definition).work_source
+    if c is None:
+        return Curriculum([], ["mixture"], None, [], "", [0])
+    where = "the checkpoint" if any(n is not None for n in c.sizes) else ""
+    return Curriculum(c.names, [st.name or "mixture" for st in c.stages], c.stage_shares(), c.sizes, where,
+                      c.stage_starts)
 
 
 @dataclass(frozen=True)

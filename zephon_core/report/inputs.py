@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.curriculum.definition import parse_definition
 from zephon_core.errors import CliError, DataError, StateError
 from zephon_core.integration.batch_log import LoggedBatch, parse_line, read_batch_log
 from zephon_core.integration.state_readers import StateReadError, load_state
@@ -126,8 +127,4 @@ def read_logs(paths: Sequence[str]) -> list[tuple[str, LoggedBatch]]:
 
 def row_shape(definition: Mapping[str, Any]) -> tuple[int, int] | None:
     """Rows per batch and tokens per row of a definition's ``batch`` and ``pack`` operators (None: no such ops)."""
-    ops = {op.get("op"): op for op in definition.get("ops", []) if isinstance(op, Mapping)}
-    pack, batch = ops.get("pack"), ops.get("batch")
-    if not pack or not batch:
-        return None
-    return int(batch["batch_size"]), int(pack["seq_len"]) + 1
+    return parse_definition(definition).row_shape()

@@ -17,6 +17,7 @@ from typing import Any
 
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.curriculum.definition import parse_definition
 from zephon_core.errors import CliError
 from zephon_core.report.history import (
     Curriculum,
@@ -63,7 +64,9 @@ def _with_recipe_sizes(c: Curriculum, a: ReportRequest, state: Mapping[str, Any]
     The recipe must read the same sources as the run (their fingerprints are compared).
     """
     p = _recipe_pipeline(a, state["definition"], state["canonical_replicas"])
-    ours, theirs = state["definition"].get("work_source", {}).get("sources"), p.definition()["work_source"]["sources"]
+    ws = parse_definition(state["definition"]).work_source
+    ours = [s.definition() for s in ws.sources] if ws is not None else None
+    theirs = p.definition()["work_source"]["sources"]
     diffs = diff_definitions(ours, theirs, "sources")
     if diffs:
         raise CliError(f"{a.recipe}: its sources are not those of the checkpoint ({diffs[0]}); pass the run's recipe")

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_core.curriculum.definition import parse_definition
 from zephon_core.errors import ConfigError
 from zephon_core.lane.tokenizer_file import load_tokenizer, special_token_ids
 from zephon_core.pipeline import Pipeline
@@ -61,9 +62,10 @@ class Shape:
 
     def filled_from(self, definition: Mapping[str, Any] | None) -> Shape:
         """This shape; a seq_len or batch size not given comes from a checkpoint's ``definition``."""
-        ops = {op.get("op"): op for op in (definition or {}).get("ops", []) if isinstance(op, Mapping)}
-        seq_len = self.seq_len or ops.get("pack", {}).get("seq_len")
-        return Shape(self.tokenizer, seq_len, self.batch_size or ops.get("batch", {}).get("batch_size"), self.framework)
+        if not definition:
+            return self
+        d = parse_definition(definition)
+        return Shape(self.tokenizer, self.seq_len or d.seq_len, self.batch_size or d.batch_size, self.framework)
 
 
 def build(recipe: Recipe, shape: Shape, **options: Any) -> Pipeline:
