@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -34,6 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from measure import emit
 from support.fsops import count
 
 from zephon_core.checkpoint.aggregate import Aggregator
@@ -359,4 +359,4 @@ def report(res: dict[str, Any]) -> str:
 if __name__ == "__main__":
     result = run(parse())
     print(report(result), file=sys.stderr)
-    print("RESULT " + json.dumps(result), flush=True)
+    emit(result)

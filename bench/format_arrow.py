@@ -22,7 +22,6 @@ shard) and ``load_from_disk`` (opens every shard). Prints one ``RESULT {json}`` 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import corpus
+from measure import emit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -190,9 +190,7 @@ def main() -> None:
         f"{m['zephon_no_manifest_startup_s']:.2f}s, "
         f"load_from_disk {m['datasets_load_from_disk_s']:.2f}s (zephon index {m['zephon_index_s']:.2f}s)"
     )
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1))
-    print("RESULT " + json.dumps(res), flush=True)
+    emit(res, a.out)
 
 
 if __name__ == "__main__":

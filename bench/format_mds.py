@@ -36,6 +36,7 @@ from typing import Any
 
 import corpus
 import numpy as np
+from measure import emit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -248,9 +249,7 @@ def main() -> None:
         f"StreamingDataset {s['streaming_dataset_s']:.2f} s (last sample {s['streaming_first_sample_s']:.2f} s)",
         file=sys.stderr,
     )
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1))
-    print("RESULT " + json.dumps(res), flush=True)
+    emit(res, a.out)
 
 
 if __name__ == "__main__":

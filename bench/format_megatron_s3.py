@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import corpus
+from measure import emit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -358,9 +359,7 @@ def main() -> None:
             f"{res['many']['manifest_startup_requests']} requests"
         )
     res["loadavg"] = os.getloadavg()
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1))
-    print("RESULT " + json.dumps(res), flush=True)
+    emit(res, a.out)
 
 
 if __name__ == "__main__":

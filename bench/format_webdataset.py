@@ -22,7 +22,6 @@ time to its first sample over a brace-expanded URL list of the same shards. Prin
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import corpus
+from measure import emit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -275,9 +275,7 @@ def main() -> None:
         f"{m['shards']} shards: zephon start-up {m['zephon_startup_s']:.3f} s, webdataset first sample "
         f"{m['webdataset_first_sample_s']:.3f} s"
     )
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1))
-    print("RESULT " + json.dumps(res), flush=True)
+    emit(res, a.out)
 
 
 if __name__ == "__main__":

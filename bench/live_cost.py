@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from measure import emit
+
 ROOT = Path(__file__).resolve().parent.parent
 REPLICAS = 3
 #: name -> (canonical_replicas, data-parallel ranks per replica group)
@@ -142,9 +144,7 @@ def main() -> None:
         c["total_us"] = c["in_process_us"] + us[name]
     res["allreduce"] = {"backend": "gloo (torch.distributed), 3 processes on loopback", "calls": calls,
                         "floor_us": us["floor (one int64)"]}
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1))
-    print("RESULT " + json.dumps(res), flush=True)
+    emit(res, a.out)
 
 
 if __name__ == "__main__":

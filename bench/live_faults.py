@@ -23,7 +23,6 @@ For Zephon each committed step is also compared with an uninterrupted run's. Pri
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -33,6 +32,8 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from measure import emit
 
 from zephon_torchft.drill_log import committed_steps, read_log, sample_key
 
@@ -200,9 +201,7 @@ def main() -> None:
             res["runs"].setdefault(mode, {})[loader] = x
             print(f"{mode} {loader}: lost {x['all']['lost']} repeated {x['all']['repeated']} "
                   f"committed {len(x['committed'])} wall {x['wall_s']} s", file=sys.stderr, flush=True)
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1))
-    print("RESULT " + json.dumps(res), flush=True)
+    emit(res, a.out)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The case process's side: memory and CPU readings, the throughput loop, and the RESULT line.
+"""The case process's side: memory and CPU readings, the throughput loop, and the RESULT line (every bench
+script's too: ``emit``).
 
 Runs inside ``bench/cases.py`` (either venv): stdlib only at import time; psutil where it is installed.
 """
@@ -10,13 +11,17 @@ import os
 import resource
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 perf = time.perf_counter
 
 
-def emit(res: dict) -> None:
-    """The case's result: the last ``RESULT`` line of its stdout is what the Runner reads back."""
+def emit(res: dict, out: str | None = None) -> None:
+    """The result of a case or a bench script: the last ``RESULT`` line of its stdout is what the Runner reads
+    back; with ``out`` (a script's ``--out``), the same result indented in that file too."""
+    if out:
+        Path(out).write_text(json.dumps(res, indent=1))
     print("RESULT " + json.dumps(res), flush=True)
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import corpus
 import numpy as np
+from measure import emit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -204,9 +205,7 @@ def main() -> None:
                 else g["error"]
             )
             print(f"#   grain first-fit {text}", file=sys.stderr)
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1))
-    print("RESULT " + json.dumps(res), flush=True)
+    emit(res, a.out)
 
 
 if __name__ == "__main__":

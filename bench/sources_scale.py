@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from measure import emit
+
 ROOT = Path(__file__).resolve().parents[1]
 # P8's corpus and block mode: 16 shards of ~5 MB; blocks of 512 documents (~1.2 MB), windows of 4 blocks.
 SHARDS, DOCS_PER_SHARD, BLOCK = 16, 2048, 512
@@ -202,4 +204,4 @@ def case_s3_reads(a: dict) -> dict:
 def main(name: str, a: dict) -> None:
     res = {"startup": case_startup, "s3_reads": case_s3_reads}[name](a)
     res["loadavg"] = os.getloadavg()
-    print("RESULT " + json.dumps(res), flush=True)
+    emit(res)

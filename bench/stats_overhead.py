@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import corpus
+from measure import emit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,9 +131,7 @@ def main() -> None:
         t = c["tokens_per_cpu_s"]
         print(f"# {name:22s} " + "  ".join(f"{v} {t[v] / 1e3:9.1f}" for v in VARIANTS) + " k tok/CPU-s  "
               + "  ".join(f"{v}/off {c[v + '_over_off']:.3f}" for v in VARIANTS[1:]), file=sys.stderr)
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1))
-    print("RESULT " + json.dumps(res), flush=True)
+    emit(res, a.out)
 
 
 if __name__ == "__main__":
