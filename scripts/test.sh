@@ -6,8 +6,9 @@
 #                                             # then the MPI matrix
 #   bash scripts/test.sh --fast               # the inner loop: lint and the serial suite without the
 #                                             # e2e tests (those marked e2e: every torchrun training
-#                                             # launch) and without the MPI matrix; pytest options may
-#                                             # follow (--fast -x, --fast -k restore)
+#                                             # launch), without the whole-topology property tests
+#                                             # (marked topology) and without the MPI matrix; pytest
+#                                             # options may follow (--fast -x, --fast -k restore)
 #   bash scripts/test.sh tests/unit/core      # only this pytest selection (any pytest arguments:
 #   bash scripts/test.sh -k restore -x        # paths, -k, -m, -x ...); no lint, no MPI matrix
 #   bash scripts/test.sh --lint --mpi tests/unit/core   # a selection plus lint and the matrix
@@ -142,15 +143,16 @@ if (($# == 0)); then
       bash scripts/run_mpi_matrix.sh > "$3" 2>&1' mpi "${pids[-3]}" "${pids[-2]}" "$mpi_log"
   fi
 elif ((fast)); then
-  echo "== serial suite without e2e"
+  echo "== serial suite without e2e or topology tests"
+  fast_m="not e2e and not topology"
   positional=0
   for arg in "${selection[@]}"; do [[ "$arg" == -* ]] || positional=1; done
   if ((positional)); then  # paths of its own: one stream
-    pytest_stage serial tests -m "not e2e" "${selection[@]}"
+    pytest_stage serial tests -m "$fast_m" "${selection[@]}"
   else
     streams=(core rest)
-    pytest_stage core "${split[@]}" -m "not e2e" "${selection[@]}" > "$art/core.log" 2>&1
-    pytest_stage rest "${rest[@]}" -m "not e2e" "${selection[@]}" > "$art/rest.log" 2>&1
+    pytest_stage core "${split[@]}" -m "$fast_m" "${selection[@]}" > "$art/core.log" 2>&1
+    pytest_stage rest "${rest[@]}" -m "$fast_m" "${selection[@]}" > "$art/rest.log" 2>&1
   fi
 elif ((${#selection[@]})); then
   echo "== pytest ${selection[*]}"

@@ -23,10 +23,12 @@ import uuid
 from collections import Counter
 from typing import Any
 
+import pytest
 import relkit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+pytestmark = pytest.mark.topology  # whole topologies, aggregated through a folder: the full run, not --fast
 SOAK = os.environ.get("ZEPHON_SOAK") == "1"
 MAX_SEGMENTS = 6 if SOAK else 3
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.property_strategies import divisors, recipes
@@ -38,6 +39,7 @@ def _make(recipe, C):
     return lambda S, j: recipe.pipeline().options(canonical_replicas=C, dp_degree=S, dp_group_id=j, prefetch=0)
 
 
+@pytest.mark.topology
 @settings(max_examples=EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=live_cases())

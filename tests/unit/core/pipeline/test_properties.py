@@ -124,6 +124,7 @@ def elastic_schedules(draw: st.DrawFn) -> tuple[int, int, list[tuple[int, int]],
     return C, k, phases, G_ref
 
 
+@pytest.mark.topology
 @examples(30)
 @given(recipe=recipes(), schedule=elastic_schedules(), knob=knobs())
 def test_elastic_equivalence_per_step(recipe: Recipe, schedule: tuple[int, int, list[tuple[int, int]], int], knob: dict[str, int]) -> None:
@@ -289,6 +290,7 @@ def mid_step_plans(draw: st.DrawFn) -> tuple[int, int, int, int, int]:
     return C, G1, m1, G2, m2
 
 
+@pytest.mark.topology
 @examples(30)
 @given(recipe=recipes(), plan=mid_step_plans(), knob=knobs())
 def test_mid_step_checkpoint_on_other_topology_loses_and_repeats_nothing(recipe: Recipe, plan: tuple[int, int, int, int, int], knob: dict[str, int]) -> None:
@@ -349,6 +351,7 @@ def test_mid_step_grouping_may_differ_but_rows_do_not(C: int) -> None:
 
 
 # -- 6. staged curricula -----------------------------------------------------------------
+@pytest.mark.topology
 @examples(25)
 @given(recipe=staged_recipes(), schedule=elastic_schedules(), knob=knobs())
 def test_staged_curriculum_elastic_equivalence_per_step(recipe: StagedRecipe, schedule: tuple[int, int, list[tuple[int, int]], int],
@@ -371,6 +374,7 @@ def resume_plans(draw: st.DrawFn) -> tuple[int, int, int, int, int, int, int]:
             draw(st.integers(1, 4)), draw(st.sampled_from(divisors(C))))
 
 
+@pytest.mark.topology
 @examples(30)
 @given(recipe=staged_recipes().filter(lambda r: len(r.stages) > 1), plan=resume_plans(), data=st.data())
 def test_appending_stages_at_a_checkpoint_gives_the_whole_schedule_from_the_start(recipe: StagedRecipe, plan: Any, data: st.DataObject) -> None:

@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from support.property_strategies import CANONICAL_REPLICAS, Recipe, divisors, recipes  # noqa: E402
@@ -92,6 +93,7 @@ def resize_plans(draw: st.DrawFn) -> tuple[int, list[tuple[int, int]]]:
     return C, draw(st.lists(st.tuples(st.sampled_from(divisors(C)), st.integers(0, 4)), max_size=3))
 
 
+@pytest.mark.topology
 @examples(30)
 @given(recipe=packing_recipes(finite=True), plan=resize_plans())
 def test_every_token_delivered_exactly_once_through_restores_and_resizes(recipe: Recipe, plan: tuple[int, list[tuple[int, int]]]) -> None:
@@ -126,6 +128,7 @@ def test_every_token_delivered_exactly_once_through_restores_and_resizes(recipe:
     assert sum(ls["tally"].get("truncated", 0) for ls in state["lanes"].values()) == dropped
 
 
+@pytest.mark.topology
 @examples(12)
 @given(recipe=packing_recipes(), schedule=elastic_schedules(), knob=knobs())
 def test_packing_modes_elastic_equivalence_per_step(recipe: Recipe, schedule: Any, knob: dict[str, int]) -> None:

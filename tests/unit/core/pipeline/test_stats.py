@@ -38,6 +38,7 @@ def _expected(segments: list[Any], n_sources: int) -> tuple[list[int], list[int]
     return tokens, docs, cut
 
 
+@pytest.mark.topology
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recipe=recipes(), data=st.data())
 def test_run_wide_tally_equals_what_every_group_delivered_across_resizes(recipe, data):
