@@ -23,7 +23,8 @@ process, zephon_core only:
 * cost: building one epoch's token index (per million documents) and computing
   32 chunk descriptors (static vs token-weighted).
 
-Writes bench/results/curriculum.json and prints the tables docs/performance.md shows.
+Writes bench/results/curriculum.json (``--out``) and prints the figures docs/performance.md shows, then one
+``RESULT {json}`` line: ``bash bench/run.sh --only curriculum`` runs it as an untargeted goal.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import corpus
 import numpy as np
+from measure import emit
 
 from zephon_core import (
     JsonlSource,
@@ -295,6 +297,8 @@ class _Lengths(Source):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps and rounds (a smoke run)")
+    ap.add_argument("--out", default=None, help="where the JSON goes (default: bench/results/curriculum.json; "
+                    "none with --quick)")
     a = ap.parse_args()
     from tokenizers import Tokenizer
 
@@ -317,10 +321,11 @@ def main() -> None:
         "throughput": measure_throughput(files, paths, tok, 1 if a.quick else 5, 1.0 if a.quick else 3.0),
         "cost": measure_cost(),
     }
-    out = ROOT / "bench" / "results" / "curriculum.json"
-    if not a.quick:
+    out = Path(a.out) if a.out else None if a.quick else ROOT / "bench" / "results" / "curriculum.json"
+    if out:
         out.write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps(res, indent=1))
+    emit(res)
 
 
 if __name__ == "__main__":

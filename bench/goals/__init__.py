@@ -21,6 +21,8 @@ from goals import (
     p10_formats,
     p11_live,
     profiles,
+    study_curriculum,
+    study_packing,
 )
 
 REGISTRY: list[Goal] = [
@@ -36,6 +38,8 @@ REGISTRY: list[Goal] = [
     p9_watching.GOAL,
     p10_formats.GOAL,
     p11_live.GOAL,
+    study_curriculum.GOAL,
+    study_packing.GOAL,
     profiles.GOAL,
 ]
 
