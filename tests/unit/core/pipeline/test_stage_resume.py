@@ -38,18 +38,12 @@ def staged(stages, srcs=None):
 
 def run(ws_factory, n, state=None, shuffle=3):
     """``n`` batches of each of the two groups of dp=2, from ``state``; their digests and the merged state."""
-    from zephon_core import merge_states
+    from zephon_core.verify.simulate import Phase, run_phase
 
-    ps = [pipe(ws_factory(), shuffle, 2, g) for g in range(2)]
-    if state is not None:
-        for p in ps:
-            p.restore(state)
-    its = [iter(p) for p in ps]
-    digests = [next(it).digest for _ in range(n) for it in its]
-    merged = json.loads(json.dumps(merge_states([p.checkpoint() for p in ps])))
-    for p in ps:
-        p.close()
-    return digests, merged
+    digests: list[str] = []
+    _, merged = run_phase(lambda G, g: pipe(ws_factory(), shuffle, G, g), Phase(2, n), 2, state,
+                          on_batch=lambda _g, b: digests.append(b.digest))
+    return digests, json.loads(json.dumps(merged))
 
 
 @pytest.mark.parametrize("shuffle", [None, 3])
