@@ -16,7 +16,7 @@ every shard it touches (``save_to_disk`` writes 500 MB shards) before its first 
 takes one pass over it (a stream has no footer), as a JSONL file's index does.
 
 Nothing is unpickled: the text column must be an Arrow string column, and pyarrow reads a
-pickled extension type as its storage bytes.
+pickled extension type as its storage bytes. The message index is parsed by ``arrow_ipc``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ import numpy as np
 from fsspec.core import url_to_fs
 
 from zephon_core.errors import DataError
-from zephon_core.sources.base import Source, content_fingerprint, default_name, distinct, open_fs, sample_digest
-from zephon_core.sources.byte_access import open_bytes, small_object
+from zephon_core.sources.arrow_ipc import INDEX_KEYS, damage, plausible, read_schema, scan_messages
+from zephon_core.sources.base import Source, default_name, distinct, open_fs
+from zephon_core.sources.byte_access import file_sample, open_bytes
 from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
 from zephon_core.sources.registry import register_format
@@ -49,98 +50,6 @@ _FILE_MAGIC = b"ARROW1"  # the IPC file format: magic, 2 bytes of padding, the s
 _STREAM_AT = {True: 8, False: 0}  # where the messages start, by whether the file has the magic
 STATE, DATASET_DICT = "state.json", "dataset_dict.json"  # what datasets' save_to_disk writes next to the data
 _SAVED_NAME = re.compile(r"data-\d{5}-of-(\d{5})\.arrow")
-_INDEX_KEYS = ("schema", "offsets", "lengths", "rows")
-
-
-def check_schema(schema: pa.Schema, text_field: str, where: str, names: list[str] | None = None) -> int:
-    """The position of the string column ``text_field`` in ``schema``; a ``DataError`` naming the file and column otherwise."""
-    import pyarrow as pa
-
-    names = schema.names if names is None else names
-    if text_field not in names:
-        raise DataError(f"{where}: no column {text_field!r} (columns: {', '.join(names)}); set the source's field")
-    kind = schema.field(text_field).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise DataError(f"{where}: column {text_field!r} must be a string column, got {kind}")
-    return int(schema.get_field_index(text_field))
-
-
-def _damage() -> tuple[type[BaseException], ...]:
-    """What pyarrow raises for damaged IPC bytes: its own types (``ArrowInvalid``, ``ArrowNotImplementedError`` for a
-    type code it does not know, ``ArrowIndexError``...), and ``OSError`` for lengths past the end."""
-    import pyarrow as pa
-
-    return (pa.ArrowException, OSError, EOFError, ValueError, IndexError)
-
-
-def read_schema(message: pa.Message | pa.Buffer, text_field: str, path: str, where: str) -> pa.Schema:
-    """The schema a schema message holds, its ``text_field`` checked (``check_schema``). A damaged message (a type
-    pyarrow does not know, a field name that is not UTF-8...) is a ``DataError`` naming ``path``, then ``where``."""
-    import pyarrow as pa
-
-    try:
-        schema = pa.ipc.read_schema(message if isinstance(message, pa.Message) else pa.ipc.read_message(message))
-        names = schema.names  # decodes every field's name
-    except _damage() as e:
-        raise DataError(f"{path}: {where}: unreadable, truncated or corrupt ({type(e).__name__}: {e})") from None
-    check_schema(schema, text_field, path, names)
-    return schema
-
-
-def scan_messages(stream: pa.NativeFile, end: int, text_field: str, where: str) -> dict[str, np.ndarray]:
-    """The index of the IPC messages ``stream`` holds up to byte ``end``: the schema message's span and every
-    record batch's byte offset, length and rows. A message that does not parse is a ``DataError`` naming
-    the file, the byte and the batch."""
-    import pyarrow as pa
-
-    reader = pa.ipc.MessageReader.open_stream(stream)
-    schema_span: list[int] = []
-    offsets: list[int] = []
-    lengths: list[int] = []
-    rows: list[int] = []
-    schema = None
-    pos = stream.tell()
-    while pos < end:
-        what = f"record batch {len(offsets)} (after {sum(rows)} records)" if schema is not None else "the schema"
-        try:
-            message = reader.read_next_message()
-        except StopIteration:
-            break
-        except _damage() as e:
-            raise DataError(f"{where}: byte {pos}, {what}: not a readable Arrow IPC message, truncated or corrupt ({e})") from None
-        after = stream.tell()
-        if message.type == "schema" and schema is None:
-            schema = read_schema(message, text_field, where, f"byte {pos}, the schema")
-            schema_span = [pos, after - pos]
-        elif message.type == "record batch" and schema is not None:
-            try:
-                n = pa.ipc.read_record_batch(message, schema).num_rows
-            except _damage() as e:
-                raise DataError(f"{where}: byte {pos}, {what}: unreadable, truncated or corrupt "
-                                f"({type(e).__name__}: {e})") from None
-            offsets.append(pos)
-            lengths.append(after - pos)
-            rows.append(n)
-        elif message.type == "dictionary":
-            raise DataError(f"{where}: byte {pos}: dictionary-encoded columns are not supported; write the dataset without them")
-        else:
-            raise DataError(f"{where}: byte {pos}, {what}: unexpected Arrow IPC message {message.type!r}")
-        pos = after
-    if schema is None:
-        raise DataError(f"{where}: not an Arrow IPC file (no schema message)")
-    return {"schema": np.asarray(schema_span, dtype=np.int64), "offsets": np.asarray(offsets, dtype=np.int64),
-            "lengths": np.asarray(lengths, dtype=np.int64), "rows": np.asarray(rows, dtype=np.int64)}
-
-
-def plausible(arrays: dict[str, np.ndarray], size: int) -> bool:
-    """An index (a manifest's) must describe a file of ``size`` bytes: spans in order and in bounds."""
-    if any(k not in arrays or arrays[k].dtype != np.int64 for k in _INDEX_KEYS) or arrays["schema"].shape != (2,):
-        return False
-    offsets, lengths, rows = arrays["offsets"], arrays["lengths"], arrays["rows"]
-    if not (len(offsets) == len(lengths) == len(rows)) or np.any(lengths <= 0) or np.any(rows < 0):
-        return False
-    spans = np.concatenate([arrays["schema"].reshape(1, 2), np.stack([offsets, lengths], axis=1)])
-    return bool(spans[0, 0] >= 0 and np.all(spans[1:, 0] >= spans[:-1].sum(axis=1)) and spans[-1].sum() <= size)
 
 
 class ArrowFile(Source):
@@ -155,13 +64,7 @@ class ArrowFile(Source):
         self.text_field = text_field
         self.name = name or default_name(self.path)
         fs, fspath = open_fs(self.path, storage_options)
-        whole = small_object(fs, fspath, stat, access) if known is None else None
-        if known is not None:
-            sample: dict[str, Any] = {"size": known.size, "sample_blake2b": known.sample_blake2b}
-        elif whole is not None:
-            sample = {"size": len(whole), "sample_blake2b": sample_digest(whole)}
-        else:
-            sample = content_fingerprint(fs, fspath)
+        sample, whole = file_sample(fs, fspath, stat, access, known)
         self._fingerprint = {"kind": ArrowSource.kind, "text_field": text_field, **sample}
         self._bytes = open_bytes(fs, fspath, int(sample["size"]), str(sample["sample_blake2b"]), access, stat)
         self._map: pa.Buffer | None = None
@@ -248,7 +151,7 @@ class ArrowFile(Source):
             column.validate(full=True)  # offsets in bounds, valid UTF-8: a corrupt file never reads as text
         except DataError:
             raise
-        except _damage() as e:
+        except damage() as e:
             raise DataError(f"{where}: cannot read column {self.text_field!r} ({type(e).__name__}: {e})") from None
         if batch.num_rows != stop - first:
             raise DataError(f"{where}: {batch.num_rows} records, but the index says {stop - first}; rebuild the manifest (zephon index)")
@@ -337,7 +240,8 @@ class ArrowSource(TextShardedSource):
     format_name = "arrow"
     kind = "arrow"
     suffixes = (".arrow",)
-    index_keys = _INDEX_KEYS
+    index_keys = INDEX_KEYS
+    file_class = ArrowFile
 
     def __init__(self, path: str | Sequence[str], text_field: str = "text", *, name: str | None = None,
                  storage_options: dict[str, Any] | None = None, attempts: int = 5, local_copy: bool = False,
@@ -349,13 +253,3 @@ class ArrowSource(TextShardedSource):
             missing = sorted(set(names) - {self.files.name(st) for st in self.files.files})
             raise DataError(f"{path}: state.json lists {len(names)} files, the folder holds {len(names) - len(missing)} of them "
                             f"({missing[0] if missing else '?'} is missing)")
-
-    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> ArrowFile:
-        return ArrowFile(url, self.text_field, storage_options=self.storage_options, access=self.access, known=meta,
-                         index=self.stored_index(meta), stat=stat, allow_empty=not single)
-
-    def index_arrays(self, f: int) -> dict[str, np.ndarray]:
-        """File ``f``'s message index, for the manifest."""
-        opened = self.file(f)
-        assert isinstance(opened, ArrowFile)
-        return opened.index_arrays

@@ -14,20 +14,17 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.sources import index_cache
-from zephon_core.sources.base import Source, default_name, open_fs
-from zephon_core.sources.byte_access import ByteReader, compression_of, file_sample, open_bytes
-from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
-from zephon_core.sources.manifest import ShardMeta
-from zephon_core.sources.registry import SourceArgs, register_format
+from zephon_core.sources.files import Access
+from zephon_core.sources.indexed_file import IndexedFile
+from zephon_core.sources.registry import register_format
 from zephon_core.sources.remote import iter_bytes
-from zephon_core.sources.sharded import ShardedSource
+from zephon_core.sources.sharded import TextShardedSource
 
 _READ_BLOCK = 1 << 22
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 
 
-class JsonlFile(Source):
+class JsonlFile(IndexedFile):
     """One JSON Lines file (plain, ``.gz`` or ``.zst``; local or on an object store).
 
     With ``text_field`` set (the default ``"text"``) a document is that field's
@@ -38,52 +35,14 @@ class JsonlFile(Source):
     Blank lines are skipped.
     """
 
-    def __init__(self, path: str, text_field: str | None = "text", *, name: str | None = None, storage_options: dict[str, Any] | None = None,
-                 access: Access = DEFAULT_ACCESS, known: ShardMeta | None = None, index: dict[str, np.ndarray] | None = None,
-                 stat: FileStat | None = None, allow_empty: bool = False) -> None:
-        self.path = str(path)
+    kind = "jsonl"
+
+    def __init__(self, path: str, text_field: str | None = "text", **where: Any) -> None:
         self.text_field = text_field
-        self.name = name or default_name(self.path)
-        self._fs, self._fspath = open_fs(self.path, storage_options)
-        sample, whole = file_sample(self._fs, self._fspath, stat, access, known)
-        self._fingerprint: dict[str, Any] = {"kind": JsonlSource.kind, "text_field": text_field, **sample}
-        self._bytes = self._byte_reader(access, stat)
-        arrays = self._index(access, index, stat, whole)
-        self._starts, self._lengths, self._lines = arrays["starts"], arrays["lengths"], arrays["lines"]
-        if not allow_empty:
-            self._require_nonempty(self.path)
+        super().__init__(path, **where)
 
-    def _byte_reader(self, access: Access, stat: FileStat | None) -> ByteReader:
-        return open_bytes(self._fs, self._fspath, int(self._fingerprint["size"]), self._fingerprint["sample_blake2b"], access, stat,
-                          compression_of(self._fspath))
-
-    def _index(self, access: Access, given: dict[str, np.ndarray] | None, stat: FileStat | None, whole: bytes | None) -> dict[str, np.ndarray]:
-        cache_file = index_cache.cache_path(
-            index_cache.cache_root(access.cache_dir), self._fs.unstrip_protocol(self._fspath), f"jsonl:{self.text_field}"
-        )
-        # The cache is also keyed on the modification time: the content
-        # fingerprint samples only the ends of a file, and an index must never
-        # be reused for a file edited in the middle.
-        if stat is not None and (stat.etag or stat.mtime):
-            version: Any = stat.etag or stat.mtime  # from the listing: no request of its own
-        else:
-            try:
-                info = self._fs.info(self._fspath)
-                version = info.get("ETag") or info.get("mtime") or self._fs.modified(self._fspath).timestamp()
-            except (NotImplementedError, AttributeError, OSError):
-                version = None
-        cache_key = {**self._fingerprint, "mtime": str(version)}
-        cached = index_cache.load(cache_file, cache_key)
-        if cached is not None and self._plausible(cached):
-            return cached
-        arrays = given if given is not None and self._plausible(given) else self._build_index(whole)
-        index_cache.store(cache_file, cache_key, arrays)
-        return arrays
-
-    @property
-    def index_arrays(self) -> dict[str, np.ndarray]:
-        """The byte-offset index (what a manifest stores next to the data)."""
-        return {"starts": self._starts, "lengths": self._lengths, "lines": self._lines}
+    def options(self) -> dict[str, Any]:
+        return {"text_field": self.text_field}
 
     def _plausible(self, arrays: dict[str, np.ndarray]) -> bool:
         """An index must describe this file: ordered, in bounds, ending at its last record."""
@@ -162,23 +121,13 @@ class JsonlFile(Source):
             raise DataError(f"{where}: field {self.text_field!r} must be a string, got {type(value).__name__}")
         return value
 
-    def __len__(self) -> int:
-        return len(self._starts)
-
     def read(self, indices: Sequence[int]) -> list[Any]:
-        spans = [(int(self._starts[i]), int(self._lengths[i])) for i in indices]
-        return [self._parse(raw, int(self._lines[i])) for raw, i in zip(self._bytes.read_many(spans), indices)]
-
-    def byte_lengths(self) -> np.ndarray:
-        """Bytes of every record's line (the whole JSON object, not only its text field)."""
-        return self._lengths
-
-    def fingerprint(self) -> dict[str, Any]:
-        return dict(self._fingerprint)
+        lines = self._index["lines"]
+        return [self._parse(raw, int(lines[i])) for raw, i in zip(self._spans(indices), indices)]
 
 
 @register_format
-class JsonlSource(ShardedSource):
+class JsonlSource(TextShardedSource):
     """JSON Lines documents from one file, a glob (``"data/*.jsonl.gz"``), a folder (its ``.jsonl``,
     ``.jsonl.gz`` and ``.jsonl.zst`` files, recursively) or a list of them; files in sorted order.
 
@@ -192,29 +141,12 @@ class JsonlSource(ShardedSource):
     format_name = "jsonl"
     kind = "jsonl"
     suffixes = SUFFIXES
-    pretokenized = False
     index_keys = ("starts", "lengths", "lines")
+    file_class = JsonlFile
 
     def __init__(self, path: str | Sequence[str], text_field: str | None = "text", *, name: str | None = None,
                  cache_dir: str | None = None, storage_options: dict[str, Any] | None = None, attempts: int = 5,
                  local_copy: bool = False, cache_bytes: int | None = None, use_manifest: bool = True, access: Access | None = None) -> None:
-        self.text_field = text_field
+        self.text_field = text_field  # type: ignore[assignment]  # None: a document is the whole object
         access = access or Access(attempts, None if cache_dir is None else str(cache_dir), cache_bytes, local_copy, use_manifest)
         self._init_files(path, name, storage_options, access)
-
-    @classmethod
-    def from_args(cls, args: SourceArgs) -> JsonlSource:
-        return cls(args.path, args.text_field, name=args.name, storage_options=args.storage_options, access=args.access)
-
-    def manifest_options(self) -> dict[str, Any]:
-        return {"text_field": self.text_field}
-
-    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> JsonlFile:
-        return JsonlFile(url, self.text_field, storage_options=self.storage_options, access=self.access, known=meta,
-                         index=self.stored_index(meta), stat=stat, allow_empty=not single)
-
-    def index_arrays(self, f: int) -> dict[str, np.ndarray]:
-        """File ``f``'s byte-offset index, for the manifest."""
-        opened = self.file(f)
-        assert isinstance(opened, JsonlFile)
-        return opened.index_arrays

@@ -215,11 +215,15 @@ class FlatShardedSource(ShardedSource):
 
 
 class TextShardedSource(ShardedSource):
-    """A many-file text format whose documents are one field of each record (``text_field``): the recipe
-    keys it takes, and what its manifest records of its settings, shared by such formats."""
+    """A many-file text format whose documents are one field of each record (``text_field``), each file opened
+    as a ``file_class(url, text_field, ...)`` with its manifest entry and stored index: the recipe keys it
+    takes, what its manifest records of its settings and of each file's index, shared by such formats."""
 
     text_field: str
     pretokenized = False
+    #: One file of the format: ``file_class(url, text_field, storage_options=, access=, known=, index=, stat=,
+    #: allow_empty=)``, with an ``index_arrays`` property where the format has ``index_keys``.
+    file_class: ClassVar[Callable[..., Source]]
 
     @classmethod
     def from_args(cls, args: SourceArgs) -> Source:
@@ -227,3 +231,11 @@ class TextShardedSource(ShardedSource):
 
     def manifest_options(self) -> dict[str, Any]:
         return {"text_field": self.text_field}
+
+    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> Source:
+        return self.file_class(url, self.text_field, storage_options=self.storage_options, access=self.access, known=meta,
+                               index=self.stored_index(meta), stat=stat, allow_empty=not single)
+
+    def index_arrays(self, f: int) -> dict[str, np.ndarray] | None:
+        """File ``f``'s index, for the manifest."""
+        return getattr(self.file(f), "index_arrays", None) if self.index_keys else None
