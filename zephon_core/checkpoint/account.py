@@ -13,7 +13,7 @@ of its children to its own, and the leader names the ranks themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from zephon_core.checkpoint.folder import AggregateFolder
 from zephon_core.checkpoint.names import part_file
@@ -21,12 +21,23 @@ from zephon_core.checkpoint.records import Round, decode_part, why_not_a_part
 from zephon_core.checkpoint.tree import Tree, Writers
 from zephon_core.errors import AggregationError
 
-if TYPE_CHECKING:
-    from zephon_core.checkpoint.gather import Member
-
 #: Seconds a relay may take: a writer's error part written, and read by the writer above (which
 #: looks at least every ``Pacing.merge_max_s``). Bounded by a share of the timeout (see ``deadline``).
 RELAY_S = {True: 0.25, False: 1.0}
+
+
+@dataclass(frozen=True)
+class Member:
+    """What a rank knows of itself for the whole run: its folder and its coordination identity."""
+
+    folder: AggregateFolder
+    rank: int
+    world_size: int
+    timeout_s: float
+    fan_in: int
+
+    def tree(self, writers: Writers) -> Tree:
+        return Tree(writers.slots, self.fan_in)
 
 
 @dataclass

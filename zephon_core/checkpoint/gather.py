@@ -8,13 +8,12 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from zephon_core.checkpoint.account import Account, PartsMissing, span_label
-from zephon_core.checkpoint.folder import AggregateFolder
+from zephon_core.checkpoint.account import Account, Member, PartsMissing, span_label
 from zephon_core.checkpoint.merge import merge_parsed
 from zephon_core.checkpoint.names import merged_file, part_file
 from zephon_core.checkpoint.records import Moved, Part, Round, decode_merged, decode_part
 from zephon_core.checkpoint.state import LaneState, parse_lanes
-from zephon_core.checkpoint.tree import Tree, Writers, strides_of
+from zephon_core.checkpoint.tree import strides_of
 from zephon_core.errors import AggregationError, StateError
 from zephon_core.lane.assignment import owned_lanes
 
@@ -33,20 +32,6 @@ def now() -> float:
 def pause(seconds: float) -> float:
     """A pause, jittered so that ranks that started together do not look at the same instant."""
     return max(0.0, seconds) * random.uniform(0.85, 1.15)
-
-
-@dataclass(frozen=True)
-class Member:
-    """What a rank knows of itself for the whole run: its folder and its coordination identity."""
-
-    folder: AggregateFolder
-    rank: int
-    world_size: int
-    timeout_s: float
-    fan_in: int
-
-    def tree(self, writers: Writers) -> Tree:
-        return Tree(writers.slots, self.fan_in)
 
 
 @dataclass(frozen=True)

@@ -261,4 +261,5 @@ def _stage(value: Any, where: str) -> StageEntry:
     counts = _map(st["per_chunk"], f"{where}.per_chunk")
     per_chunk = {str(k): _int(c, f"{where}.per_chunk.{k}", 0) for k, c in counts.items()}
     starts = {k: _int(v, f"{where}.start.{k}", 0) for k, v in start.items()}
-    return StageEntry(st["name"], _int(st["start_chunk"], f"{where}.start_chunk", 0), starts, st["weight_by"], weights, per_chunk)
+    first = _int(st["start_chunk"], f"{where}.start_chunk", 0)
+    return StageEntry(st["name"], first, starts, st["weight_by"], weights, per_chunk)
