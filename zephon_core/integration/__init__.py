@@ -6,6 +6,8 @@ live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds
 
 * ``coordination``: the training recipe (``load_training_recipe``), ``canonical_replicas`` and the
   aggregation settings (``resolve_coordination``), the pipeline options they make, ``bundled_configs``;
+* ``plan``: the one start-up plan (``startup_plan(recipe, Facts, Asked)`` -> ``StartupPlan``: the recipes
+  loaded once, the lanes resolved once, coordination, held-out sets, step rules; ``problems`` -> ``refuse``);
 * ``rules``: the start-up rules of the elastic guarantee (``topology_problems``, ``refuse``), worded
   in the framework's ``Terms``;
 * ``metrics``: ``IntervalMetrics``, ``Pipeline.stats()`` as a framework's logger shows it every interval;
@@ -40,6 +42,7 @@ from zephon_core.integration.coordination import (
     resolve_coordination,
 )
 from zephon_core.integration.metrics import IntervalMetrics, LoggedFigures, console_line
+from zephon_core.integration.plan import Asked, Facts, HeldOut, StartupPlan, startup_plan
 from zephon_core.integration.rules import (
     Terms,
     Topology,
@@ -56,13 +59,17 @@ from zephon_core.sources.atomic import write_atomically
 
 __all__ = [
     "BATCH_LOG_ENV",
+    "Asked",
     "Audited",
     "Coordination",
+    "Facts",
+    "HeldOut",
     "IntegrationError",
     "IntervalMetrics",
     "LoggedBatch",
     "LoggedFigures",
     "Recipe",
+    "StartupPlan",
     "StateReadError",
     "StateReader",
     "Terms",
@@ -82,6 +89,7 @@ __all__ = [
     "pipeline_options",
     "read_batch_log",
     "refuse",
+    "startup_plan",
     "resolve_canonical_replicas",
     "resolve_coordination",
     "topology_problems",

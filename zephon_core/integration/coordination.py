@@ -74,12 +74,20 @@ def resolve_coordination(
 ) -> Coordination:
     """Adapter options (None or empty: unset) win over the recipe; ``canonical_replicas`` then
     falls back to a resumed state's, then to ``dp_degree`` (the first run's)."""
-    spec = recipe.spec
     lanes = resolve_canonical_replicas(recipe, dp_degree=dp_degree, setting=canonical_replicas,
                                        resumed_state=resumed_state)
+    return coordination_of(recipe, lanes or dp_degree, aggregate_dir=aggregate_dir, run_id=run_id,
+                           aggregate_timeout_s=aggregate_timeout_s)
+
+
+def coordination_of(recipe: Recipe, lanes: int, *, aggregate_dir: str | None = None, run_id: str | None = None,
+                    aggregate_timeout_s: float | None = None) -> Coordination:
+    """The coordination of resolved ``lanes``: the aggregation settings given (None or empty: unset), else the
+    recipe's."""
+    spec = recipe.spec
     folder = aggregate_dir or (recipe.resolve(spec.aggregate.dir) if spec.aggregate.dir else None)
     return Coordination(
-        canonical_replicas=lanes or dp_degree,
+        canonical_replicas=lanes,
         aggregate_dir=folder,
         run_id=run_id or spec.aggregate.run_id,
         aggregate_timeout_s=float(aggregate_timeout_s or spec.aggregate.timeout_s),

@@ -45,14 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_core import Pipeline
-from zephon_core.integration import (
-    Coordination,
-    Recipe,
-    load_training_recipe,
-    pipeline_options,
-    resolve_canonical_replicas,
-    resolve_coordination,
-)
+from zephon_core.integration import Asked, Facts, Recipe, StartupPlan, startup_plan
 from zephon_megatron import state as loader_state
 from zephon_megatron.args import Settings, fill_eval_interval, is_requested, to_external
 from zephon_megatron.batches import BatchFormat
@@ -68,37 +61,36 @@ from zephon_megatron.validate import RunShape, ZephonMegatronError, check
 ROUTE = {"megatron_broadcast": True}
 
 
-def _recipe(path: str, what: str) -> Recipe:
-    return load_training_recipe(path, framework="Megatron", role=what, error=ZephonMegatronError)
-
-
-def coordination(settings: Settings, recipe: Recipe, resumed: loader_state.LoaderState | None, dp: int) -> Coordination:
-    """Lanes and aggregation: the flags, else the recipe's, else (lanes) the resumed state's, else DP."""
-    return resolve_coordination(
-        recipe, dp_degree=dp, canonical_replicas=settings.canonical_replicas, aggregate_dir=settings.aggregate_dir,
-        run_id=settings.run_id, resumed_state=resumed.state if resumed is not None else None,
+def plan_of(args: Any, settings: Settings, schedule: BatchSchedule) -> StartupPlan:
+    """The run's start-up plan from Megatron's facts: the recipes loaded once, the lanes resolved once (resuming,
+    they may come from the loader state, which the provider reads later: ``StartupPlan.resumed``)."""
+    dp = int(args.data_parallel_size)
+    facts = Facts(
+        dp_degree=dp, world_size=dp, batches_per_step=None, step_varies=bool(schedule.ramps),
+        rows_per_step=None if schedule.ramps else int(schedule.global_batch(0)),
+        seq_len=getattr(args, "seq_length", None), micro_batch_size=int(args.micro_batch_size),
+        tp=int(getattr(args, "tensor_model_parallel_size", 1) or 1),
+        pp=int(getattr(args, "pipeline_model_parallel_size", 1) or 1),
+        cp=int(getattr(args, "context_parallel_size", 1) or 1),
     )
+    asked = Asked(settings.canonical_replicas, settings.aggregate_dir, settings.run_id)
+    return startup_plan(settings.recipe, facts, asked, framework="Megatron", role="--zephon-recipe",
+                        held_out=settings.valid_recipes, held_out_role="--zephon-valid-recipe",
+                        resuming=bool(getattr(args, "load", None)), error=ZephonMegatronError)
 
 
-def _endless(paths: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(p for p in paths if _recipe(p, "--zephon-valid-recipe").spec.exhausted != "stop")
-
-
-def shape_of(args: Any, settings: Settings, recipe: Recipe | None, *, C: int | None,
-             schedule: BatchSchedule | None = None, num_microbatches: int | None = None) -> RunShape:
-    if recipe is not None:
-        coord = coordination(settings, recipe, None, int(args.data_parallel_size))
-        agg_dir, run_id = coord.aggregate_dir, coord.run_id
-    else:
-        agg_dir, run_id = settings.aggregate_dir, settings.run_id
+def shape_of(args: Any, plan: StartupPlan, schedule: BatchSchedule | None = None,
+             num_microbatches: int | None = None) -> RunShape:
+    """Megatron's own start-up facts beside the plan's (lanes, aggregation, held-out sets)."""
     steps: tuple[tuple[int, int, int], ...] = ()
     if schedule is not None and schedule.ramps:
         steps = tuple((s.first, s.last, s.global_batch) for s in schedule.segments(getattr(args, "train_iters", None)))
     full = bool(getattr(args, "full_validation", False))
-    return RunShape.from_args(args, canonical_replicas=C, num_microbatches=num_microbatches, batch_steps=steps,
-                              valid_recipes=settings.valid_recipes,
-                              endless_valid_recipes=_endless(settings.valid_recipes) if full else (),
-                              aggregate_dir=agg_dir, run_id=run_id, megatron_broadcast=ROUTE["megatron_broadcast"])
+    endless = tuple(h.path for h in plan.held_out if h.endless) if full else ()
+    return RunShape.from_args(args, canonical_replicas=plan.canonical_replicas, num_microbatches=num_microbatches,
+                              batch_steps=steps, valid_recipes=tuple(h.path for h in plan.held_out),
+                              endless_valid_recipes=endless, aggregate_dir=plan.coordination.aggregate_dir,
+                              run_id=plan.coordination.run_id, megatron_broadcast=ROUTE["megatron_broadcast"])
 
 
 def _print_rank0(msg: str) -> None:
@@ -124,38 +116,24 @@ def prepare(args: Any) -> bool:
     full checks once the lane count and the micro-batch count are final.
     Returns False (and does nothing) when Zephon is not selected.
     """
+    return _prepared(args) is not None
+
+
+def _prepared(args: Any) -> StartupPlan | None:
+    """Settings -> plan -> refuse: the plan of a run that may start (None: Zephon is not selected)."""
     if not is_requested(args):
-        return False
+        return None
     to_external(args)
     fill_eval_interval(args)
     settings = Settings.from_args(args)
-    recipe = _recipe(settings.recipe, "--zephon-recipe")
-    # Resuming, the lanes may come from the loader state, which the provider reads later.
-    C = resolve_canonical_replicas(recipe, dp_degree=int(args.data_parallel_size), setting=settings.canonical_replicas,
-                                   resuming=bool(getattr(args, "load", None)))
     schedule = BatchSchedule.from_megatron(args)
-    check(shape_of(args, settings, recipe, C=C, schedule=schedule))
+    plan = plan_of(args, settings, schedule)
+    check(shape_of(args, plan, schedule), plan)
     _name_validation_sets(args, settings)
     if getattr(args, "rampup_batch_size", None) and not schedule.ramps:
         _print_rank0("zephon: note: this megatron-core ignores --rampup-batch-size (deprecated since 0.18): the run trains "
                      f"at a constant global batch of {schedule.global_batch(0)}; a ramp is --step-batch-size-schedule")
-    return True
-
-
-def _stage_batch(recipe: Recipe, schedule: BatchSchedule) -> int | None:
-    """The rows per step a recipe's ``start_step`` stages are checked against (None: nothing to check).
-
-    Under a batch-size schedule a step is no fixed number of tokens, so such stages are refused.
-    """
-    stepped = [n for n, st in enumerate(recipe.spec.stages) if st.start_step is not None]
-    if schedule.ramps:
-        if stepped:
-            raise ZephonMegatronError(
-                f"zephon: {recipe.path}: stages[{stepped[0]}].start_step: this run's global batch size follows a schedule, so an "
-                "optimizer step is no fixed number of tokens; start the stage with start_tokens"
-            )
-        return None
-    return int(schedule.global_batch(0))
+    return plan
 
 
 @dataclass(frozen=True)
@@ -252,36 +230,33 @@ class _Length:
 class RankLoader:
     """Everything this rank serves Megatron in one run: the training stream and the held-out sets."""
 
-    def __init__(self, args: Any, settings: Settings, place: Place) -> None:
+    def __init__(self, args: Any, settings: Settings, place: Place, plan: StartupPlan) -> None:
         self.args = args
         self.place = place
         self.settings = settings
         self.stream: TrainStream | None = None
         self._valid_sets: list[ZephonValidSet] | None = None
         self._valid_iterators: list[ZephonValidIterator] = []
-        recipe = _recipe(settings.recipe, "--zephon-recipe")
         schedule = BatchSchedule.from_megatron(args)
         resumed = _resume(args, settings, place, schedule)
-        coord = coordination(settings, recipe, resumed, place.dp)
-        check(shape_of(args, settings, recipe, C=coord.canonical_replicas, schedule=schedule))
+        # Only the saving Pipeline of each data-parallel rank checkpoints with the others.
+        self.plan = plan.resumed(resumed.state if resumed is not None else None).placed(
+            dp_degree=place.dp, dp_rank=place.dp_rank, world_size=place.dp if place.saves else 1,
+            global_rank=place.dp_rank)
+        check(shape_of(args, self.plan, schedule), self.plan)
         self.tok, self.eod = (None, None)
         if place.tp_rank == 0:
-            self.tok, self.eod = _tokenizer(args, recipe, settings)
+            self.tok, self.eod = _tokenizer(args, self.plan.recipe, settings)
         self.fmt = BatchFormat.from_args(args, self.eod)
         if place.loads:
-            self.stream = self._stream(recipe, coord, schedule, resumed)
+            self.stream = self._stream(schedule, resumed)
         self.metrics = MegatronMetrics.set_up(args, self.stream) if settings.log_metrics else None
 
-    def _stream(self, recipe: Recipe, coord: Coordination, schedule: BatchSchedule,
-                resumed: loader_state.LoaderState | None) -> TrainStream:
-        place, args = self.place, self.args
-        # Only the saving Pipeline of each data-parallel rank checkpoints with the others.
-        world_size = place.dp if place.saves else 1
-        options = pipeline_options(coord, dp_degree=place.dp, dp_group_id=place.dp_rank, world_size=world_size,
-                                   global_rank=place.dp_rank)
-        pipeline = recipe.build(seq_len=args.seq_length, batch_size=args.micro_batch_size, tokenizer=self.tok, bos_id=None,
-                                eos_id=self.eod if self.tok is not None else None, global_batch_size=_stage_batch(recipe, schedule),
-                                **options)
+    def _stream(self, schedule: BatchSchedule, resumed: loader_state.LoaderState | None) -> TrainStream:
+        place, args, plan = self.place, self.args, self.plan
+        pipeline = plan.recipe.build(seq_len=args.seq_length, batch_size=args.micro_batch_size, tokenizer=self.tok,
+                                     bos_id=None, eos_id=self.eod if self.tok is not None else None,
+                                     global_batch_size=plan.stage_rows, **plan.options())
         if resumed is not None:
             pipeline.restore(resumed.state)
         counter = StepCounter(schedule, place.dp, iteration=int(getattr(args, "iteration", 0) or 0),
@@ -293,15 +268,14 @@ class RankLoader:
             return None
         return self.stream.reader()
 
-    def _held_out(self, path: str, batch_size: int) -> Callable[[], Pipeline]:
-        held_out = _recipe(path, "--zephon-valid-recipe")
+    def _held_out(self, i: int, batch_size: int) -> Callable[[], Pipeline]:
+        held_out = self.plan.held_out[i]
         place, args, tok, eod = self.place, self.args, self.tok, self.eod
-        valid_C = resolve_canonical_replicas(held_out, dp_degree=place.dp)
 
         def make() -> Pipeline:
-            return held_out.build(seq_len=args.seq_length, batch_size=batch_size, tokenizer=tok, bos_id=None,
-                                  eos_id=eod if tok is not None else None, dp_degree=place.dp, dp_group_id=place.dp_rank,
-                                  canonical_replicas=valid_C)
+            return held_out.recipe.build(seq_len=args.seq_length, batch_size=batch_size, tokenizer=tok, bos_id=None,
+                                         eos_id=eod if tok is not None else None, dp_degree=place.dp,
+                                         dp_group_id=place.dp_rank, canonical_replicas=held_out.canonical_replicas)
 
         return make
 
@@ -318,7 +292,7 @@ class RankLoader:
             return sets if getattr(args, "multiple_validation_sets", False) else sets[0]
         if not chunk_reads(self.place, vp_stage):
             return None
-        valid = ZephonValidIterator(self._held_out(paths[0], eval_mbs), self.fmt, int(args.eval_iters) * per_iteration)
+        valid = ZephonValidIterator(self._held_out(0, eval_mbs), self.fmt, int(args.eval_iters) * per_iteration)
         self._valid_iterators.append(valid)
         return valid
 
@@ -333,7 +307,7 @@ class RankLoader:
             def eval_iters(i: int) -> Callable[[], int]:
                 return lambda: int(args.eval_iters[i] if isinstance(args.eval_iters, (list, tuple)) else args.eval_iters)
 
-            self._valid_sets = [ZephonValidSet(self._held_out(p, eval_mbs), self.fmt, per_iteration, eval_iters=eval_iters(i),
+            self._valid_sets = [ZephonValidSet(self._held_out(i, eval_mbs), self.fmt, per_iteration, eval_iters=eval_iters(i),
                                                name=p) for i, p in enumerate(paths)]
         return list(self._valid_sets)
 
@@ -363,9 +337,11 @@ def provide(args: Any, vp_stage: int | None = None) -> tuple[Any, Any, Any]:
     earlier ``pretrain()`` in this process, e.g. the attempt an in-process restart abandoned.
     """
     if vp_stage in (None, 0) or _CURRENT["args"] is not args or _CURRENT["loader"] is None:
-        prepare(args)
+        plan = _prepared(args)
         close_current()
-        _CURRENT["loader"] = RankLoader(args, Settings.from_args(args), Place.from_mpu(args))
+        settings = Settings.from_args(args)
+        plan = plan or plan_of(args, settings, BatchSchedule.from_megatron(args))
+        _CURRENT["loader"] = RankLoader(args, settings, Place.from_mpu(args), plan)
         _CURRENT["args"] = args
     loader: RankLoader = _CURRENT["loader"]
     return loader.train_for(vp_stage), loader.valid_for(vp_stage), None

@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_core.integration import IntegrationError, Terms, Topology, next_multiple, refuse, topology_problems
+from zephon_core.integration import (
+    IntegrationError,
+    StartupPlan,
+    Terms,
+    Topology,
+    next_multiple,
+    refuse,
+    topology_problems,
+)
 
 
 class ZephonMegatronError(IntegrationError):
@@ -235,6 +243,6 @@ def problems(s: RunShape) -> list[str]:
     return out
 
 
-def check(s: RunShape) -> None:
-    """Raise ``ZephonMegatronError`` listing every problem of ``s``."""
-    refuse(problems(s), ZephonMegatronError)
+def check(s: RunShape, plan: StartupPlan | None = None) -> None:
+    """Raise ``ZephonMegatronError`` listing every problem of ``s`` and the curriculum rules of ``plan``."""
+    refuse(problems(s) + (plan.problems(None) if plan is not None else []), ZephonMegatronError)
