@@ -1,5 +1,5 @@
-"""What both TorchTitan generations share: building the Pipeline, the start-up
-validators, the batch format and the checkpoint slot.
+"""What both TorchTitan generations share: the start-up plan from TorchTitan's facts, building the
+Pipeline, the batch format and the checkpoint slot.
 
 Imports torch, never torchtitan: the version-specific glue lives in
 ``tt03.py`` (0.3.x, config recipes and overrides) and ``tt02.py`` (0.2.x,
@@ -18,16 +18,15 @@ import torch
 
 from zephon_core import Batch, Pipeline
 from zephon_core.integration import (
+    Asked,
+    Facts,
     IntegrationError,
+    StartupPlan,
     Terms,
-    Topology,
     audited,
-    load_training_recipe,
     next_multiple,
-    pipeline_options,
     refuse,
-    resolve_coordination,
-    topology_problems,
+    startup_plan,
 )
 from zephon_torchtitan.settings import (
     DEFAULT_STATE_CAPACITY as DEFAULT_STATE_CAPACITY,  # re-exported beside the slot it sizes
@@ -89,6 +88,30 @@ def coordination_identity() -> tuple[int, int]:
     return 1, 0
 
 
+def asked_of(settings: Settings) -> Asked:
+    """What the user set through the adapter (empty or 0: unset, the recipe's or the default applies)."""
+    return Asked(canonical_replicas=settings.canonical_replicas or None, aggregate_dir=settings.aggregate_dir or None,
+                 run_id=settings.run_id or None, aggregate_timeout_s=settings.aggregate_timeout_s or None)
+
+
+def facts_of(*, dp_world_size: int, dp_rank: int, local_batch_size: int, batches_per_step: int | None,
+             validation: bool = False) -> Facts:
+    """TorchTitan's facts of one loader: every rank builds a pipeline, so the coordination group is the whole
+    job; a validation loader never checkpoints (no coordination, no step-size rule)."""
+    if validation:
+        return Facts(dp_degree=dp_world_size, dp_rank=dp_rank)
+    world_size, global_rank = coordination_identity()
+    return Facts(dp_degree=dp_world_size, dp_rank=dp_rank, world_size=world_size, global_rank=global_rank,
+                 batches_per_step=batches_per_step,
+                 # Rows per optimizer step, checked against a recipe whose stages start at optimizer steps.
+                 rows_per_step=batches_per_step * local_batch_size if batches_per_step else None)
+
+
+def plan_of(settings: Settings, facts: Facts) -> StartupPlan:
+    """The loader's start-up plan: the recipe loaded once, the lanes and the coordination resolved once."""
+    return startup_plan(settings.recipe, facts, asked_of(settings), framework="TorchTitan")
+
+
 class ZephonStream:
     """A Pipeline plus the conversion to TorchTitan's batches and checkpoint slot."""
 
@@ -104,34 +127,25 @@ class ZephonStream:
         batches_per_step: int | None,
         validation: bool = False,
     ) -> None:
-        recipe = load_training_recipe(settings.recipe, framework="TorchTitan")
-        world_size, global_rank = coordination_identity()
-        coord = resolve_coordination(
-            recipe, dp_degree=dp_world_size, canonical_replicas=settings.canonical_replicas or None,
-            aggregate_dir=settings.aggregate_dir or None, run_id=settings.run_id or None,
-            aggregate_timeout_s=settings.aggregate_timeout_s or None,
-        )
-        if validation:
-            # A validation loader never checkpoints: no coordination, no step-size rule.
-            world_size, global_rank, batches_per_step = 1, 0, None
-        topology = Topology(dp_world_size, coord.canonical_replicas, batches_per_step, world_size, coord.aggregate_dir, coord.run_id)
-        refuse(topology_problems(topology, TERMS))
+        # Settings -> plan -> refuse -> build.
+        facts = facts_of(dp_world_size=dp_world_size, dp_rank=dp_rank, local_batch_size=local_batch_size,
+                         batches_per_step=batches_per_step, validation=validation)
+        self.plan: StartupPlan = plan_of(settings, facts)
+        refuse(self.plan.problems(TERMS))
+        recipe = self.plan.recipe
         tok = TokenizerAdapter(tokenizer) if not recipe.pretokenized else None
         # pipelines_per_node is left to the core's default: LOCAL_WORLD_SIZE, set by torchrun.
-        options = pipeline_options(coord, dp_degree=dp_world_size, dp_group_id=dp_rank, world_size=world_size,
-                                   global_rank=global_rank)
         self.pipeline: Pipeline = recipe.build(
             seq_len=seq_len,
             batch_size=local_batch_size,
             tokenizer=tok,
             bos_id=tok.bos_id if tok else None,
             eos_id=tok.eos_id if tok else None,
-            # Rows per optimizer step, checked against a recipe whose stages start at optimizer steps.
-            global_batch_size=batches_per_step * local_batch_size if batches_per_step else None,
-            **options,
+            global_batch_size=self.plan.stage_rows,
+            **self.plan.options(),
         )
         self.capacity = settings.state_capacity_bytes
-        self.batches_per_step = batches_per_step
+        self.batches_per_step = facts.batches_per_step
         #: Live mode's lanes (``zephon_torchtitan.ft``): it cuts the batches, and checkpoints hold its committed lanes.
         self.live: Any = None
         self._iter: Iterator[Any] | None = None

@@ -42,10 +42,11 @@ from torchtitan.experiments.torchft.optimizer import TorchFTOptimizersContainer
 from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.trainer import Trainer
 
-from zephon_core.integration import BATCH_LOG_ENV, IntegrationError, load_training_recipe, log_line, open_batch_log
+from zephon_core.integration import BATCH_LOG_ENV, Facts, IntegrationError, log_line, open_batch_log
 from zephon_core.live import LiveLanes, LiveStep
 from zephon_torchft import LiveData
-from zephon_torchtitan.core import IGNORE_INDEX, ZephonStream, coordination_identity, to_torchtitan
+from zephon_torchtitan.core import IGNORE_INDEX, ZephonStream, coordination_identity, plan_of, to_torchtitan
+from zephon_torchtitan.settings import settings_of
 from zephon_torchtitan.tt03 import ZephonDataLoader, fill_batch_sizes
 
 STEP_LOG_SUFFIX = ".steps"
@@ -222,7 +223,8 @@ def _suffix_run_id(config: Trainer.Config) -> None:
     loader, ft = config.dataloader, getattr(config, "fault_tolerance", None)
     if not isinstance(loader, ZephonDataLoader.Config) or not loader.recipe or ft is None or not ft.enable:
         return
-    run_id = loader.run_id or load_training_recipe(loader.recipe, framework="TorchTitan").spec.aggregate.run_id
+    # Before the trainer builds anything its data-parallel degree is unknown; the run_id does not depend on it.
+    run_id = plan_of(settings_of(loader), Facts(dp_degree=1)).coordination.run_id
     if run_id and not run_id.endswith(f"-replica{ft.replica_id}"):
         loader.run_id = f"{run_id}-replica{ft.replica_id}"
 
