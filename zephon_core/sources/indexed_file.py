@@ -1,11 +1,12 @@
-"""The per-file template of a format whose files are indexed once and then read by byte range.
+"""The per-file template of a format whose files are read through the byte layer.
 
-``IndexedFile`` owns what every such format repeated: the name, the file system, the fingerprint
-sample (from a manifest entry, a small object fetched whole, or the file's ends), the byte access
-(``byte_access.open_bytes``: local, object store, decompressed or copied into the shard cache),
-the versioned index cache and the index arrays. A format supplies its fingerprint options, its
-compression rule, its scan (``_build_index``), what makes an index plausible for a file, and its
-reads.
+``StoredFile`` owns what every such format repeated: the name, the file system, the fingerprint
+sample (from a manifest entry, a small object fetched whole, or the file's ends) and the byte
+access (``byte_access.open_bytes``: local, object store, decompressed or copied into the shard
+cache). A format supplies its fingerprint options, its compression rule and ``_open`` (what it
+reads of a file at start-up: Parquet its footer). ``IndexedFile``, for a format whose documents
+are byte ranges found by one scan, adds the versioned index cache and the index arrays: such a
+format supplies its scan (``_build_index``), what makes an index plausible for a file, and its reads.
 
 The index cache has one key rule for every format: the entry is named by the file's URL and the
 format's variant (``kind`` and its options), and holds the file's fingerprint and version (the
@@ -26,8 +27,8 @@ from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
 from zephon_core.sources.manifest import ShardMeta
 
 
-class IndexedFile(Source):
-    """One file of a format read through its index (byte offsets of its documents, built by one scan)."""
+class StoredFile(Source):
+    """One file of a format, read through the byte layer (``self._bytes``)."""
 
     #: The kind its fingerprint records (the format's ``kind``).
     kind: ClassVar[str]
@@ -43,7 +44,7 @@ class IndexedFile(Source):
         self._fingerprint: dict[str, Any] = {"kind": self.kind, **self.options(), **sample}
         self._bytes: ByteReader = open_bytes(self._fs, self._fspath, int(sample["size"]), str(sample["sample_blake2b"]),
                                              access, stat, self.compression(self._fspath))
-        self._index = self._load_index(access, index, stat, whole)
+        self._open(access, index, stat, whole)
         if not allow_empty:
             self._require_nonempty(self.path)
 
@@ -56,6 +57,20 @@ class IndexedFile(Source):
         """The compression a file's name says (``byte_access.COMPRESSIONS``)."""
         return compression_of(fspath)
 
+    def _open(self, access: Access, index: dict[str, np.ndarray] | None, stat: FileStat | None,
+              whole: bytes | None) -> None:
+        """Read what the file's documents need (``index``: a manifest's, ``whole``: its bytes, where a small
+        object was fetched whole); a file that is not of the format is a ``DataError`` naming it."""
+        raise NotImplementedError
+
+    def fingerprint(self) -> dict[str, Any]:
+        return dict(self._fingerprint)
+
+
+class IndexedFile(StoredFile):
+    """One file of a format read through its index (byte offsets of its documents, built by one scan)."""
+
+    # -- what a format supplies ------------------------------------------------------------------------
     def _build_index(self, whole: bytes | None = None) -> dict[str, np.ndarray]:
         """The index from one scan of the file (``whole``: its bytes, where a small object was fetched whole)."""
         raise NotImplementedError
@@ -65,6 +80,10 @@ class IndexedFile(Source):
         raise NotImplementedError
 
     # -- the template ----------------------------------------------------------------------------------
+    def _open(self, access: Access, index: dict[str, np.ndarray] | None, stat: FileStat | None,
+              whole: bytes | None) -> None:
+        self._index = self._load_index(access, index, stat, whole)
+
     def _version(self, stat: FileStat | None) -> Any:
         """The file's version: the listing's ETag or modification time, else the file system's (None: unknown)."""
         if stat is not None and (stat.etag or stat.mtime):
@@ -109,6 +128,3 @@ class IndexedFile(Source):
         """The stored bytes of documents ``indices``, in order: one ``read_many`` of their byte ranges."""
         starts, lengths = self._index["starts"], self._index["lengths"]
         return self._bytes.read_many([(int(starts[i]), int(lengths[i])) for i in indices])
-
-    def fingerprint(self) -> dict[str, Any]:
-        return dict(self._fingerprint)

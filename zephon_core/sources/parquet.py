@@ -15,53 +15,50 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.sources.base import Source, content_fingerprint, default_name, open_fs
-from zephon_core.sources.byte_access import ByteFile, open_bytes
-from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
-from zephon_core.sources.manifest import ShardMeta
-from zephon_core.sources.registry import SourceArgs, register_format
-from zephon_core.sources.sharded import ShardedSource
+from zephon_core.sources.byte_access import ByteFile
+from zephon_core.sources.files import Access, FileStat
+from zephon_core.sources.indexed_file import StoredFile
+from zephon_core.sources.registry import register_format
+from zephon_core.sources.sharded import TextShardedSource
 
 _CACHED_ROW_GROUPS = 4
 
 
-class ParquetFile(Source):
-    """Rows of one Parquet file; a document is the ``text_field`` column's string."""
+class ParquetFile(StoredFile):
+    """Rows of one Parquet file; a document is the ``text_field`` column's string. Its footer (read at
+    start-up, from the bytes fetched whole for a small object on a store) says where each row group is."""
 
-    def __init__(self, path: str, text_field: str = "text", *, name: str | None = None, storage_options: dict[str, Any] | None = None,
-                 known: ShardMeta | None = None, access: Access = DEFAULT_ACCESS, allow_empty: bool = False,
-                 etag: str | None = None) -> None:
+    kind = "parquet"
+
+    def __init__(self, path: str, text_field: str = "text", **where: Any) -> None:
+        self.text_field = text_field
+        super().__init__(path, **where)
+
+    def options(self) -> dict[str, Any]:
+        return {"text_field": self.text_field}
+
+    def _open(self, access: Access, index: dict[str, np.ndarray] | None, stat: FileStat | None,
+              whole: bytes | None) -> None:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        self.path = str(path)
-        self.text_field = text_field
-        self.name = name or default_name(self.path)
-        self._fs, self._fspath = open_fs(self.path, storage_options)
-        sample: dict[str, Any] = {"size": known.size, "sample_blake2b": known.sample_blake2b} if known else content_fingerprint(self._fs, self._fspath)
-        self._fingerprint = {"kind": ParquetSource.kind, "text_field": text_field, **sample}
-        stat = FileStat(self._fspath, int(sample["size"]), etag)
-        self._bytes = open_bytes(self._fs, self._fspath, int(sample["size"]), str(sample["sample_blake2b"]), access, stat)
         try:
-            self._file = pq.ParquetFile(ByteFile(self._bytes, self.path))
+            self._file = pq.ParquetFile(pa.BufferReader(whole) if whole is not None else ByteFile(self._bytes, self.path))
         except DataError:
             raise
         except Exception as e:  # pyarrow raises several unrelated types for a bad file
             raise DataError(f"{self.path}: not a readable Parquet file ({e})") from None
         schema = self._file.schema_arrow
-        if text_field not in schema.names:
-            raise DataError(f"{self.path}: no column {text_field!r} (columns: {', '.join(schema.names)})")
-        import pyarrow as pa
-
-        col_type = schema.field(text_field).type
+        if self.text_field not in schema.names:
+            raise DataError(f"{self.path}: no column {self.text_field!r} (columns: {', '.join(schema.names)})")
+        col_type = schema.field(self.text_field).type
         if not (pa.types.is_string(col_type) or pa.types.is_large_string(col_type)):
-            raise DataError(f"{self.path}: column {text_field!r} must be a string column, got {col_type}")
+            raise DataError(f"{self.path}: column {self.text_field!r} must be a string column, got {col_type}")
         meta = self._file.metadata
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self._group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self._lock = threading.Lock()
         self._groups: OrderedDict[int, list[Any]] = OrderedDict()
-        if not allow_empty:
-            self._require_nonempty(self.path)
 
     def __len__(self) -> int:
         return int(self._group_starts[-1])
@@ -96,12 +93,9 @@ class ParquetFile(Source):
             out.append(value)
         return out
 
-    def fingerprint(self) -> dict[str, Any]:
-        return dict(self._fingerprint)
-
 
 @register_format
-class ParquetSource(ShardedSource):
+class ParquetSource(TextShardedSource):
     """Parquet rows from one file, a glob (``"s3://bucket/fineweb/*.parquet"``), a folder (its
     ``.parquet`` files, recursively) or a list of them; files in sorted order.
 
@@ -113,7 +107,7 @@ class ParquetSource(ShardedSource):
     format_name = "parquet"
     kind = "parquet"
     suffixes = (".parquet",)
-    pretokenized = False
+    file_class = ParquetFile
 
     def __init__(self, path: str | Sequence[str], text_field: str = "text", *, name: str | None = None,
                  cache_dir: str | None = None, storage_options: dict[str, Any] | None = None, attempts: int = 5,
@@ -122,14 +116,3 @@ class ParquetSource(ShardedSource):
         self.text_field = text_field
         access = access or Access(attempts, None if cache_dir is None else str(cache_dir), cache_bytes, local_copy, use_manifest)
         self._init_files(path, name, storage_options, access)
-
-    @classmethod
-    def from_args(cls, args: SourceArgs) -> ParquetSource:
-        return cls(args.path, args.text_field, name=args.name, storage_options=args.storage_options, access=args.access)
-
-    def manifest_options(self) -> dict[str, Any]:
-        return {"text_field": self.text_field}
-
-    def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> ParquetFile:
-        return ParquetFile(url, self.text_field, storage_options=self.storage_options, known=meta, access=self.access,
-                           allow_empty=not single, etag=stat.etag if stat else None)

@@ -91,8 +91,8 @@ class ShardedSource(FileSource):
         return path
 
     def stored_index(self, meta: ShardMeta | None) -> dict[str, np.ndarray] | None:
-        """A file's index arrays that the manifest keeps (None without a manifest, or with it disabled)."""
-        if meta is None or not self.access.manifest:
+        """A file's index arrays that the manifest keeps (None without a manifest, with it disabled, or without ``index_keys``)."""
+        if meta is None or not self.access.manifest or not self.index_keys:
             return None
         return manifest.read_index(self.files, meta.name, self.index_keys)
 
