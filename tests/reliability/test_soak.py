@@ -151,7 +151,8 @@ def soak_totals(tmp_path_factory) -> Counter:
     Both tests below ask, so each passes (or fails) alike alone, together or in any order; the search is
     derandomized (unless ZEPHON_SOAK=1), so its totals do not depend on which test ran it."""
     if not _SOAK:
-        totals: Counter = Counter({k: 0 for k in ("examples", "segments", "checkpoints", "crashes", "rows", "lost", "duplicated")})
+        names = ("examples", "segments", "checkpoints", "crashes", "rows", "lost", "duplicated")
+        totals: Counter = Counter({k: 0 for k in names})
         agg = str(tmp_path_factory.getbasetemp() / "soak-agg")
 
         @settings(max_examples=200 if SOAK else 20, deadline=None, derandomize=not SOAK, database=None,

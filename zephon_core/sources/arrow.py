@@ -108,8 +108,8 @@ class ArrowFile(Source):
                 raise DataError(f"{self.path}: an Arrow IPC file without its footer (truncated?): rewrite it")
             end = size - 10 - int.from_bytes(tail[:4], "little", signed=True)  # the footer follows the messages
             if not 8 <= end <= size - 10:
-                raise DataError(f"{self.path}: an Arrow IPC file whose footer length ({size - 10 - end} bytes) does not "
-                                f"fit its {size} bytes: corrupt, rewrite it")
+                raise DataError(f"{self.path}: an Arrow IPC file whose footer length ({size - 10 - end} bytes) does "
+                                f"not fit its {size} bytes: corrupt, rewrite it")
         if data is not None:
             stream: pa.NativeFile = pa.BufferReader(data.slice(0, end))
             stream.seek(_STREAM_AT[is_file])

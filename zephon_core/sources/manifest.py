@@ -90,7 +90,8 @@ def read_index(files: FileSet, name: str, keys: Sequence[str] = ()) -> dict[str,
         if keys and sorted(arrays) != sorted(keys):
             raise KeyError(f"it holds the arrays {sorted(arrays)}, not {sorted(keys)}")
         return arrays
-    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, KeyError, IndexError, NotImplementedError) as e:
+    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError, KeyError, IndexError,
+            NotImplementedError) as e:
         why = " ".join(f"{type(e).__name__}: {e}".split())[:200]
         raise DataError(f"{files.fs.unstrip_protocol(path)}: a damaged index file ({why}); write the manifest again: "
                         f"zephon index {files.fs.unstrip_protocol(files.root)}") from None

@@ -43,7 +43,8 @@ class ParquetFile(StoredFile):
         import pyarrow.parquet as pq
 
         try:
-            self._file = pq.ParquetFile(pa.BufferReader(whole) if whole is not None else ByteFile(self._bytes, self.path))
+            reader = pa.BufferReader(whole) if whole is not None else ByteFile(self._bytes, self.path)
+            self._file = pq.ParquetFile(reader)
         except DataError:
             raise
         except Exception as e:  # pyarrow raises several unrelated types for a bad file
@@ -114,5 +115,6 @@ class ParquetSource(TextShardedSource):
                  local_copy: bool = False, cache_bytes: int | None = None, use_manifest: bool = True,
                  access: Access | None = None) -> None:
         self.text_field = text_field
-        access = access or Access(attempts, None if cache_dir is None else str(cache_dir), cache_bytes, local_copy, use_manifest)
+        cache = None if cache_dir is None else str(cache_dir)
+        access = access or Access(attempts, cache, cache_bytes, local_copy, use_manifest)
         self._init_files(path, name, storage_options, access)

@@ -87,7 +87,8 @@ class ShardCache:
             self.root.mkdir(parents=True, exist_ok=True)
             write_atomically(path, lambda f: _write_entry(f, make), durable=True)
             record = str(path.stat().st_size).encode()
-            write_atomically(_record(path), lambda f, record=record: f.write(record), durable=True)  # type: ignore[misc]
+            write_atomically(_record(path), lambda f, record=record: f.write(record),  # type: ignore[misc]
+                             durable=True)
             self._evict(keep=path)
             if path.exists():
                 return path

@@ -91,7 +91,8 @@ class ShardedSource(FileSource):
         return path
 
     def stored_index(self, meta: ShardMeta | None) -> dict[str, np.ndarray] | None:
-        """A file's index arrays that the manifest keeps (None without a manifest, with it disabled, or without ``index_keys``)."""
+        """A file's index arrays that the manifest keeps (None without a manifest, with it disabled, or without
+        ``index_keys``)."""
         if meta is None or not self.access.manifest or not self.index_keys:
             return None
         return manifest.read_index(self.files, meta.name, self.index_keys)
@@ -233,8 +234,8 @@ class TextShardedSource(ShardedSource):
         return {"text_field": self.text_field}
 
     def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> Source:
-        return self.file_class(url, self.text_field, storage_options=self.storage_options, access=self.access, known=meta,
-                               index=self.stored_index(meta), stat=stat, allow_empty=not single)
+        return self.file_class(url, self.text_field, storage_options=self.storage_options, access=self.access,
+                               known=meta, index=self.stored_index(meta), stat=stat, allow_empty=not single)
 
     def index_arrays(self, f: int) -> dict[str, np.ndarray] | None:
         """File ``f``'s index, for the manifest."""

@@ -307,8 +307,8 @@ class RankLoader:
             def eval_iters(i: int) -> Callable[[], int]:
                 return lambda: int(args.eval_iters[i] if isinstance(args.eval_iters, (list, tuple)) else args.eval_iters)
 
-            self._valid_sets = [ZephonValidSet(self._held_out(i, eval_mbs), self.fmt, per_iteration, eval_iters=eval_iters(i),
-                                               name=p) for i, p in enumerate(paths)]
+            self._valid_sets = [ZephonValidSet(self._held_out(i, eval_mbs), self.fmt, per_iteration,
+                                               eval_iters=eval_iters(i), name=p) for i, p in enumerate(paths)]
         return list(self._valid_sets)
 
     def close(self) -> None:

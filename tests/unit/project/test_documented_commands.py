@@ -24,7 +24,8 @@ BIN = Path(sys.executable).parent  # the environment's bin/: zephon, python, tor
 RULES: list[tuple[str, str, str]] = [
     (r"^bash scripts/test\.sh (tests/\S+|-k \S+)( -k \S+)?$", "test", "tests/unit/project/test_test_script.py::test_a_selection_runs_only_that_and_ends_with_the_summary_line"),
     (r"^bash scripts/test\.sh --fast( -x)?$", "test",
-     "tests/unit/project/test_test_script.py::test_fast_runs_lint_and_the_serial_suite_without_e2e_topology_tests_or_the_mpi_matrix"),
+     "tests/unit/project/test_test_script.py::"
+     "test_fast_runs_lint_and_the_serial_suite_without_e2e_topology_tests_or_the_mpi_matrix"),
     (r"^bash scripts/test\.sh$", "exempt", "CI runs it (.ci/run); its selection and signal handling: tests/unit/project/test_test_script.py"),
     (r"^bash scripts/lint\.sh$", "exempt", "the first stage of scripts/test.sh"),
     (r"^bash bench/run\.sh", "exempt", "benchmarks take minutes each; docs/performance.md records their output and the command"),

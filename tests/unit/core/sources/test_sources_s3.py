@@ -184,7 +184,8 @@ def test_a_parquet_source_uses_every_access_setting_its_cache_dir_and_local_copy
     assert in_place.read(list(range(8))) == shards[0] + shards[1] and not (tmp_path / "none" / "shards").exists()
     given = Access(cache_dir=str(tmp_path / "a"), local_copy=True)  # as a recipe's access settings arrive
     for cache, make in [("a", lambda: ParquetSource(url, storage_options=so, access=given)),
-                        ("k", lambda: ParquetSource(url, storage_options=so, cache_dir=str(tmp_path / "k"), local_copy=True))]:
+                        ("k", lambda: ParquetSource(url, storage_options=so, cache_dir=str(tmp_path / "k"),
+                                                    local_copy=True))]:
         src = make()
         assert src.read(list(range(8))) == shards[0] + shards[1]
         copies = sorted(p.read_bytes() for p in (tmp_path / cache / "shards").glob("*.bin"))
