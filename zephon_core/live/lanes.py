@@ -51,7 +51,6 @@ class _Attempt:
     key: tuple[int, tuple[int, ...]]  # (step, lanes): the batches are reused for the same key
     batches: list[Batch]
     after: dict[int, LaneState]  # the owned lanes after these batches
-    participating: bool
 
 
 class LiveLanes:
@@ -81,6 +80,7 @@ class LiveLanes:
         self._engine: Engine | None = None
         self._engine_at: tuple[int, tuple[int, ...]] | None = None  # the step and lanes the engine stands at
         self._attempt: _Attempt | None = None
+        self._participating = False  # whether this replica takes part in the current attempt (begin's index)
 
     @property
     def step(self) -> int:
@@ -123,12 +123,9 @@ class LiveLanes:
         (None: not participating this step, e.g. healing; it runs pads only)."""
         plan = plan_step(self._codec.slot_lanes, participants, index, self._k)
         key = (self._step, plan.lanes)
-        self._sent = None
+        self._sent, self._participating = None, index is not None
         if self._attempt is None or self._attempt.key != key:
-            batches, after = self._cut(plan.lanes)
-            self._attempt = _Attempt(key, batches, after, index is not None)
-        elif self._attempt.participating != (index is not None):
-            self._attempt = _Attempt(key, self._attempt.batches, self._attempt.after, index is not None)
+            self._attempt = _Attempt(key, *self._cut(plan.lanes))
         return LiveStep(self._step, plan, list(self._attempt.batches))
 
     def _cut(self, lanes: tuple[int, ...]) -> tuple[list[Batch], dict[int, LaneState]]:
@@ -151,7 +148,7 @@ class LiveLanes:
         participating."""
         if self._attempt is None:
             raise StateError("live mode: exchange() before begin()")
-        if not self._attempt.participating:
+        if not self._participating:
             return np.zeros((1 + len(self._codec.slot_lanes), self._codec.width), dtype=np.int64)
         self._sent = self._codec.encode(self._step, self._attempt.after)
         return self._sent.copy()
@@ -160,7 +157,7 @@ class LiveLanes:
         """Why the summed table cannot be committed (replicas disagree); empty when it can. Check before committing.
 
         A replica that did not take part learns the step it heals to only at the commit: ``settle`` checks it then."""
-        if self._attempt is not None and not self._attempt.participating:
+        if self._attempt is not None and not self._participating:
             return []
         return self._codec.problems(np.asarray(summed), participants, self._step)
 
@@ -176,7 +173,7 @@ class LiveLanes:
         if late:
             raise StateError(f"live table: lane(s) {late[:8]} are not at step {self._step + 1} after the commit")
         attempt = self._attempt
-        if attempt is not None and attempt.participating and self._sent is not None:
+        if attempt is not None and self._sent is not None:  # sent only by a replica that took part
             differ = self._codec.moved(summed, self._sent, list(attempt.after))
             if differ:
                 raise StateError(f"live table: lane(s) {differ} came back at other positions than this replica "

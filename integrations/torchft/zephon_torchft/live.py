@@ -51,13 +51,7 @@ class LiveData:
         self._participants = 0
         self._summed: np.ndarray | None = None
         self._step_at_begin = 0
-        manager.register_state_dict_fn(key, self._load, self._save)
-
-    def _save(self) -> dict[str, Any]:
-        return self.live.state_dict()
-
-    def _load(self, value: Any) -> None:
-        self.live.load_state_dict(value)
+        manager.register_state_dict_fn(key, live.load_state_dict, live.state_dict)
 
     def begin(self) -> LiveStep:
         """This step attempt's micro-batches (after ``start_quorum``; waits for the quorum)."""
