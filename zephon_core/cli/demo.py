@@ -39,13 +39,14 @@ def _demo(args: argparse.Namespace) -> int:
     total = sum(args.steps)
     print(f"recipe {args.recipe}: canonical_replicas={C}, {args.batches_per_step} batches per global step")
     reference = run_schedule(make, [Phase(8, total)], args.batches_per_step)
-    phases = [Phase(8, args.steps[0]), Phase(4, args.steps[1]), Phase(2, args.steps[2])]
-    elastic = run_schedule(make, phases, args.batches_per_step)
+    degrees = (8, 4, 2)
+    elastic = run_schedule(make, [Phase(G, n) for G, n in zip(degrees, args.steps)], args.batches_per_step)
     step = 0
-    for phase in phases:
-        for _ in range(phase.steps):
+    for G, n in zip(degrees, args.steps):
+        for _ in range(n):
             same = reference[step].digests == elastic[step].digests
-            print(f"  step {step + 1:2d}  dp_degree={phase.dp_degree}  rows={len(elastic[step].digests):3d}  {'match' if same else 'DIFFERENT'}")
+            rows = len(elastic[step].digests)
+            print(f"  step {step + 1:2d}  dp_degree={G}  rows={rows:3d}  {'match' if same else 'DIFFERENT'}")
             step += 1
     bad = first_mismatch(reference, elastic)
     if bad is None:

@@ -6,11 +6,17 @@ takes ``batches_per_step / dp_degree`` batches from every group, and a phase
 ends with every group's checkpoint merged into the state the next phase
 restores. What comes out is, per global step, the sorted content digests of
 its rows: equal lists mean the step trained on exactly the same samples.
+
+A finite curriculum (``exhausted="stop"``) may end inside a phase: a group
+whose data has ended takes no more batches, so the last steps may be short,
+and a phase ends once every group's data has. A phase of ``steps=None``
+runs to that end (an exactly-once check reads a whole epoch so).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +38,11 @@ class StepRecord:
 
 @dataclass
 class Phase:
+    """``steps`` global steps on ``dp_degree`` data-parallel groups; ``steps=None``: until every group's data has
+    ended (on an endless curriculum that never comes)."""
+
     dp_degree: int
-    steps: int
+    steps: int | None
 
 
 def run_phase(
@@ -44,7 +53,8 @@ def run_phase(
     on_step: Callable[[Phase], None] | None = None,
     on_batch: Callable[[int, Batch], None] | None = None,
 ) -> tuple[list[StepRecord], dict[str, Any]]:
-    """Run ``phase.steps`` global steps on ``phase.dp_degree`` groups; returns the records and the merged state.
+    """Run ``phase.steps`` global steps (None: to the end of the data) on ``phase.dp_degree`` groups; returns the
+    records and the merged state.
 
     ``on_batch(dp_group_id, batch)`` sees every batch as its group trains on it (to write an audit log, say).
     """
@@ -57,18 +67,14 @@ def run_phase(
         if state is not None:
             for p in pipelines:
                 p.restore(state)
-        iters: list[Iterator[Batch]] = [iter(p) for p in pipelines]
+        live: dict[int, Iterator[Batch]] = {gid: iter(p) for gid, p in enumerate(pipelines)}
         records = []
-        for _ in range(phase.steps):
-            rows: list[tuple[str, tuple[Segment, ...]]] = []
-            for gid, it in enumerate(iters):
-                for _ in range(per_group):
-                    b = next(it)
-                    rows.extend(zip(b.row_digests(), b.provenance))
-                    if on_batch is not None:
-                        on_batch(gid, b)
-            rows.sort()
-            records.append(StepRecord([d for d, _ in rows], [s for _, s in rows]))
+        steps: Iterable[int] = itertools.count() if phase.steps is None else range(phase.steps)
+        for _ in steps:
+            record = _step(live, per_group, on_batch)
+            if record is None:
+                break
+            records.append(record)
             if on_step is not None:
                 on_step(phase)
         merged = merge_states([p.checkpoint() for p in pipelines])
@@ -76,6 +82,29 @@ def run_phase(
     finally:
         for p in pipelines:
             p.close()
+
+
+def _step(
+    live: dict[int, Iterator[Batch]], per_group: int, on_batch: Callable[[int, Batch], None] | None
+) -> StepRecord | None:
+    """One global step: up to ``per_group`` batches of every group in ``live`` (a group whose data ends leaves it);
+    None when no group had a batch left."""
+    rows: list[tuple[str, tuple[Segment, ...]]] = []
+    taken = 0
+    for gid, it in list(live.items()):
+        for _ in range(per_group):
+            b = next(it, None)
+            if b is None:
+                del live[gid]
+                break
+            taken += 1
+            rows.extend(zip(b.row_digests(), b.provenance))
+            if on_batch is not None:
+                on_batch(gid, b)
+    if not taken:
+        return None
+    rows.sort()
+    return StepRecord([d for d, _ in rows], [s for _, s in rows])
 
 
 def run_schedule(
