@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from zephon_core import MemorySource, Pipeline, StaticMixture
+from zephon_core.verify.simulate import Phase, run_phase
 
 _DOC_STRIDE = 10_000
 _SRC_STRIDE = 100_000_000
@@ -119,13 +120,13 @@ def zephon_cache_dir(tmp_path_factory, monkeypatch):
 def epoch_exactly_once(make_source: Any, tokenizer: Any | None, *, block: int | None = None, G1: int = 2, G2: int = 4,
                        first: int = 2, C: int = 4, seq_len: int = 8) -> list[Any]:
     """Every document of ``make_source()`` read through a pipeline over one epoch: ``first`` batches per group
-    on ``G1`` groups, a checkpoint, its merge and a resume on ``G2`` groups (``C`` lanes). Asserts that every
+    on ``G1`` groups, a checkpoint, its merge and a resume on ``G2`` groups (``C`` lanes) to the end of the data
+    (two phases of the whole-topology simulation, ``zephon_core.verify.simulate``). Asserts that every
     token of every document (and, text sources, its eos) was delivered exactly once, and returns the documents in source order.
 
     ``tokenizer`` None: the source is pretokenized. Any format's exactly-once property test calls this with a
     factory of that format's source (a new one for every pipeline, as every rank opens its own).
     """
-    from zephon_core import merge_states
 
     def make(G: int, g: int) -> Pipeline:
         ws = StaticMixture([make_source()], seed=2, chunk_size=3, exhausted="stop", block_size=block, block_window=2)
@@ -134,25 +135,9 @@ def epoch_exactly_once(make_source: Any, tokenizer: Any | None, *, block: int | 
         return p.pack(seq_len).batch(1, drop_last=False).options(dp_degree=G, dp_group_id=g, canonical_replicas=C, prefetch=0,
                                                                  reader_threads=g % 2)
 
-    seen: list[tuple[int, int, int]] = []
-    states = []
-    for g in range(G1):
-        p = make(G1, g)
-        it = iter(p)
-        for _ in range(first):
-            b = next(it, None)
-            if b is None:
-                break
-            seen += [(s.document, s.start, s.stop) for row in b.provenance for s in row]
-        states.append(p.checkpoint())
-        p.close()
-    merged = merge_states(states)
-    for g in range(G2):
-        p = make(G2, g)
-        p.restore(merged)
-        for b in p:
-            seen += [(s.document, s.start, s.stop) for row in b.provenance for s in row]
-        p.close()
+    records, merged = run_phase(make, Phase(G1, first), G1, None)
+    records += run_phase(make, Phase(G2, None), G2, merged)[0]
+    seen = [(s.document, s.start, s.stop) for r in records for row in r.segments for s in row]
     src = make_source()
     docs = src.read(list(range(len(src))))
     for d, doc in enumerate(docs):

@@ -33,8 +33,8 @@ from test_properties import (  # noqa: E402
     knobs,
 )
 
-from zephon_core.checkpoint.merge import merge_states  # noqa: E402
 from zephon_core.lane.ops import FIT_MODES  # noqa: E402
+from zephon_core.verify.simulate import Phase, StepRecord, run_phase  # noqa: E402
 
 MODES = ("concat", "pad", "first_fit", "best_fit")
 
@@ -67,24 +67,16 @@ def _curriculum_documents(recipe: Recipe, pipeline: Any) -> Counter[tuple[int, i
         g += 1
 
 
-def _run_to_end(make: Maker, C: int, phases: list[tuple[int, int]]) -> tuple[list[Any], dict[str, Any]]:
-    """Every batch of a finite run through ``phases`` (dp degree, batches per group), then to the end on dp=C."""
+def _run_to_end(make: Maker, C: int, phases: list[tuple[int, int]]) -> tuple[list[StepRecord], dict[str, Any]]:
+    """Every step of a finite run through ``phases`` (dp degree, batches per group), then to the end on dp=C."""
     state: dict[str, Any] | None = None
-    batches: list[Any] = []
-    for G, n in [*phases, (C, -1)]:
-        pipes = [make(G, gid) for gid in range(G)]
-        try:
-            for p in pipes:
-                if state is not None:
-                    p.restore(state)
-                it = iter(p)
-                batches.extend(it if n < 0 else (b for _, b in zip(range(n), it)))
-            state = merge_states([p.checkpoint() for p in pipes])
-        finally:
-            for p in pipes:
-                p.close()
+    records: list[StepRecord] = []
+    plan: list[tuple[int, int | None]] = [*phases, (C, None)]
+    for G, n in plan:
+        more, state = run_phase(make, Phase(G, n), G, state)
+        records += more
     assert state is not None
-    return batches, state
+    return records, state
 
 
 @st.composite
@@ -103,12 +95,12 @@ def test_every_token_delivered_exactly_once_through_restores_and_resizes(recipe:
     options = dict(recipe.pack_options)
     width, max_docs = recipe.seq_len + 1, options.get("max_docs_per_row", 0)
     truncate = options.get("overlong") == "truncate"
-    batches, state = _run_to_end(make, C, phases)
+    records, state = _run_to_end(make, C, phases)
     expected = _curriculum_documents(recipe, make(1, 0))
     stretches: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
     dropped = 0
-    for b in batches:
-        for row in b.provenance:
+    for r in records:
+        for row in r.segments:
             real = [s for s in row if s.stop > s.start]
             assert not max_docs or len(real) <= max_docs, f"row of {len(real)} documents (max_docs_per_row={max_docs})"
             for s in row:
