@@ -12,49 +12,45 @@ import pytest
 import relkit
 from relkit import C, M, by_step, compare, reference
 
-from zephon_core import AggregationError, StateError, ZephonError, merge_states
+from zephon_core import AggregationError, StateError, ZephonError
 from zephon_core.checkpoint.records import decode_round, encode_part
 from zephon_core.checkpoint.state import checksum_of
 from zephon_core.integration.state_readers import StateReadError, load_state
+from zephon_core.verify.simulate import Phase, run_phase
 
 STEPS = 3
 
 
+def _group(G: int, g: int):
+    return relkit.pipeline(dp_degree=G, dp_group_id=g, prefetch=0)
+
+
+def run(G: int, steps: int, state: dict | None = None) -> tuple[list, dict]:
+    """``steps`` optimizer steps on ``G`` groups (the simulation's phase), from ``state``: every batch's record (as
+    relkit.batch_record) and the merged state, as loaded from a file."""
+    rows: list = []
+
+    def record(_: int, batch) -> None:
+        rows.append(relkit.batch_record(batch))
+
+    _, merged = run_phase(_group, Phase(G, steps), C * M, state, on_batch=record)
+    return rows, json.loads(json.dumps(merged))
+
+
 def merged_state(steps: int = STEPS) -> dict:
     """A merged state of two groups after ``steps`` optimizer steps."""
-    parts = []
-    for g in range(2):
-        p = relkit.pipeline(dp_degree=2, dp_group_id=g, prefetch=0)
-        it = iter(p)
-        for _ in range(steps * C * M // 2):
-            next(it)
-        parts.append(p.local_state())
-        p.close()
-    return json.loads(json.dumps(merge_states(parts, world_size=2)))
+    return run(2, steps)[1]
 
 
 def resume_rows(state: dict, steps: int, G: int = 2) -> list:
-    rows = []
-    for g in range(G):
-        p = relkit.pipeline(dp_degree=G, dp_group_id=g, prefetch=0)
-        p.restore(state)
-        it = iter(p)
-        rows += [relkit.batch_record(next(it)) for _ in range(steps * C * M // G)]
-        p.close()
-    return rows
+    return run(G, steps, state)[0]
 
 
 def test_intact_merged_file_resumes_without_loss(tmp_path, rel):
-    state = merged_state()
+    before, state = run(2, STEPS)  # the rows of the first STEPS steps, as the first run delivered them
     path = tmp_path / "merged.json"
     path.write_text(json.dumps(state))
     loaded = load_state(str(path))
-    before = []
-    for g in range(2):  # the rows of the first STEPS steps, as the first run delivered them
-        p = relkit.pipeline(dp_degree=2, dp_group_id=g, prefetch=0)
-        it = iter(p)
-        before += [relkit.batch_record(next(it)) for _ in range(STEPS * C * M // 2)]
-        p.close()
     after = resume_rows(loaded, 3, G=4)  # resumed on 4 groups
     checked, lost, dup = compare(by_step(before + after), reference(STEPS + 3))
     rel.case("intact merged file (2 groups), resumed on 4 groups", "0 lost, 0 duplicated", samples=checked, lost=lost, duplicated=dup)
