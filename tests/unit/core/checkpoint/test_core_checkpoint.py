@@ -15,6 +15,7 @@ from support.core_fixtures import digests, json_roundtrip, mixture, take, token_
 
 from zephon_core import ConfigError, MemorySource, Pipeline, StateError, StaticMixture, merge_states
 from zephon_core.checkpoint.state import checksum_of, fingerprint_of
+from zephon_core.verify.simulate import Phase, StepRecord, run_phase
 
 
 def _resume(make, n_before, n_after, **restore_opts):
@@ -393,21 +394,11 @@ def test_elastic_global_steps_match_across_topologies():
     """With a multiple of C batches per step, each step holds the same batches on any topology."""
     C = 4
     ws = mixture((500,), chunk_size=4)
-    kw = dict(seq_len=10, shuffle_window=2)
 
     def run(phases):
-        state, steps = None, []
-        for G, n_steps in phases:
-            pipes = [token_pipeline(ws, dp_degree=G, dp_group_id=g, canonical_replicas=C, **kw) for g in range(G)]
-            if state is not None:
-                for p in pipes:
-                    p.restore(state)
-            iters = [iter(p) for p in pipes]
-            for _ in range(n_steps):
-                step = sorted(next(it).digest for it in iters for _ in range(2 * C // G))
-                steps.append(step)
-            state = json_roundtrip(merge_states([p.checkpoint() for p in pipes]))
-        return steps
+        digests: list[str] = []
+        _simulate(ws, C, phases, 2 * C, on_batch=lambda _, b: digests.append(b.digest), seq_len=10, shuffle_window=2)
+        return [sorted(digests[i : i + 2 * C]) for i in range(0, len(digests), 2 * C)]
 
     reference = run([(4, 6)])
     assert run([(4, 2), (2, 2), (1, 1), (4, 1)]) == reference
@@ -462,23 +453,23 @@ def test_restore_at_every_step_of_a_finite_curriculum(shuffle_window, mode):
         assert digests(head) + digests(second) == reference, f"split at {split}"
 
 
+def _simulate(ws, C, phases, batches_per_step, on_batch=None, **kw) -> list[StepRecord]:
+    """The simulation's records of ``phases`` of (dp_degree, steps), each merged state passed on through JSON."""
+
+    def make(G: int, g: int) -> Pipeline:
+        return token_pipeline(ws, dp_degree=G, dp_group_id=g, canonical_replicas=C, **kw)
+
+    state, records = None, []
+    for G, n_steps in phases:
+        more, state = run_phase(make, Phase(G, n_steps), batches_per_step, state, on_batch=on_batch)
+        records += more
+        state = json_roundtrip(state)
+    return records
+
+
 def _run_steps(ws, C, phases, batches_per_step, **kw):
     """Per global step, the sorted row digests, running ``phases`` of (dp_degree, steps)."""
-    state, steps = None, []
-    for G, n_steps in phases:
-        pipes = [token_pipeline(ws, dp_degree=G, dp_group_id=g, canonical_replicas=C, **kw) for g in range(G)]
-        if state is not None:
-            for p in pipes:
-                p.restore(state)
-        iters = [iter(p) for p in pipes]
-        for _ in range(n_steps):
-            rows = []
-            for it in iters:
-                for _ in range(batches_per_step // G):
-                    rows.extend(next(it).row_digests())
-            steps.append(sorted(rows))
-        state = json_roundtrip(merge_states([p.checkpoint() for p in pipes]))
-    return steps
+    return [r.digests for r in _simulate(ws, C, phases, batches_per_step, **kw)]
 
 
 _DIVISORS = {1: [1], 2: [1, 2], 4: [1, 2, 4], 6: [1, 2, 3, 6], 8: [1, 2, 4, 8]}
@@ -502,6 +493,7 @@ def _scenarios(draw):
     return C, sizes, weights, chunk_size, seed, phases, draw(st.integers(1, 2)) * C, kw
 
 
+@pytest.mark.topology
 @settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(_scenarios())
 def test_elastic_contract_property(scenario):

@@ -17,24 +17,22 @@ DEMO = ROOT / "configs" / "data" / "demo.toml"
 
 @pytest.fixture(scope="module")
 def states(tmp_path_factory):
-    """Two merged states of the demo recipe: after 1 and after 2 global steps."""
-    from zephon_core import merge_states
+    """Two merged states of the demo recipe: after 1 and after 2 global steps (the simulation on 2 groups)."""
     from zephon_core.recipe import load_recipe
+    from zephon_core.verify.simulate import Phase, run_phase
 
     recipe = load_recipe(DEMO)
     out = tmp_path_factory.mktemp("states")
-    pipelines = [recipe.build_standalone(dp_degree=2, dp_group_id=g, prefetch=0) for g in range(2)]
-    iters = [iter(p) for p in pipelines]
+    def make(G: int, g: int):
+        return recipe.build_standalone(dp_degree=G, dp_group_id=g, prefetch=0)
+
     paths = []
+    state = None
     for step in (1, 2):
-        for it in iters:
-            for _ in range(4):
-                next(it)
+        _, state = run_phase(make, Phase(2, 1), 8, state)
         path = out / f"step{step}.json"
-        path.write_text(json.dumps(merge_states([p.checkpoint() for p in pipelines])))
+        path.write_text(json.dumps(state))
         paths.append(path)
-    for p in pipelines:
-        p.close()
     return paths
 
 
