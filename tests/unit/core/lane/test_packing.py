@@ -12,6 +12,7 @@ import pytest
 from support.core_fixtures import CharTokenizer, digests, encode_token, mixture, take, text_docs, token_pipeline
 
 from zephon_core import Batch, Cursor, MemorySource, Pipeline, StaticMixture
+from zephon_core.verify.simulate import Phase, run_phase
 
 
 def _row_tokens(b: Batch, r: int) -> np.ndarray:
@@ -220,13 +221,18 @@ def test_delivery_is_round_robin_over_owned_lanes():
 def test_lane_contents_do_not_depend_on_topology():
     C = 4
     ws = mixture((500,), chunk_size=5)
-    by_lane = {}
-    for b in take(token_pipeline(ws, seq_len=9, canonical_replicas=C, dp_degree=1, dp_group_id=0), 12):
-        by_lane[(b.lane, b.lane_index)] = b.digest
+
+    def by_lane(G: int) -> dict[tuple[int, int], str]:
+        """Each batch's digest by (lane, lane_index): 12 batches on ``G`` groups (one step of the simulation)."""
+        out: dict[tuple[int, int], str] = {}
+        run_phase(lambda G, g: token_pipeline(ws, seq_len=9, canonical_replicas=C, dp_degree=G, dp_group_id=g),
+                  Phase(G, 1), 12, None, on_batch=lambda _, b: out.setdefault((b.lane, b.lane_index), b.digest))
+        return out
+
+    reference = by_lane(1)
+    assert len(reference) == 12
     for G in (2, 4):
-        for gid in range(G):
-            for b in take(token_pipeline(ws, seq_len=9, canonical_replicas=C, dp_degree=G, dp_group_id=gid), 12 // G):
-                assert by_lane[(b.lane, b.lane_index)] == b.digest
+        assert by_lane(G) == reference
 
 
 def test_peers_of_one_group_produce_identical_batches():
