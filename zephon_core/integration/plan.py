@@ -36,6 +36,9 @@ class Facts:
     world_size: int = 1  # pipelines that checkpoint together (1: this one never merges with another)
     global_rank: int = 0
     batches_per_step: int | None = None  # batches one optimizer step takes over all data-parallel groups; None: unknown
+    # (first, last, batches per step) of each run of equal optimizer steps when a schedule changes the step size
+    # (empty: every step takes batches_per_step); the step-size rule holds at every one
+    step_runs: tuple[tuple[int, int, int], ...] = ()
     rows_per_step: int | None = None  # rows one optimizer step takes (what start_step stages count); None: unknown
     step_varies: bool = False  # the global batch follows a schedule: a step is no fixed number of rows
     seq_len: int | None = None
@@ -86,14 +89,23 @@ class StartupPlan:
         """The rows per step ``start_step`` stages are placed by (None: nothing to place them by)."""
         return None if self.facts.step_varies else self.facts.rows_per_step
 
+    def step_run(self) -> tuple[int, int, int] | None:
+        """The run of a schedule's steps the step-size rule is checked at: the first that breaks it, else the
+        first (None: no schedule, every step is ``batches_per_step``)."""
+        runs, lanes = self.facts.step_runs, self.canonical_replicas
+        return next((r for r in runs if lanes and r[2] % lanes), runs[0] if runs else None)
+
     def topology(self) -> Topology:
-        f, c = self.facts, self.coordination
-        return Topology(f.dp_degree, self.canonical_replicas, f.batches_per_step, f.world_size, c.aggregate_dir,
-                        c.run_id)
+        f, c, run = self.facts, self.coordination, self.step_run()
+        return Topology(f.dp_degree, self.canonical_replicas, run[2] if run else f.batches_per_step, f.world_size,
+                        c.aggregate_dir, c.run_id)
 
     def problems(self, terms: Terms | None) -> list[str]:
-        """Every rule the run breaks, one sentence each; ``terms`` None: the framework words the topology rules
-        itself (e.g. per step of a batch-size schedule), only the curriculum's come from here."""
+        """Every rule the run breaks, one sentence each, the topology rules worded in ``terms`` (the schedule's
+        steps concerned named through ``terms.at``); ``terms`` None: only the curriculum's."""
+        run = self.step_run()
+        if terms is not None and run is not None and terms.at is not None:
+            terms = terms.at(run[0], run[1])
         out = topology_problems(self.topology(), terms) if terms is not None else []
         if self.stepped_stages and self.facts.step_varies:
             out.append(

@@ -21,6 +21,8 @@ class Terms:
     step: Callable[[int], str]  # batches per optimizer step -> how the framework computes them
     step_fix: Callable[[int, int], str]  # (canonical_replicas, batches per step) -> which setting to change, to what
     dp_detail: str = ""  # after the degree, e.g. " (dp_replicate x dp_shard)"
+    # The terms for steps first..last of a batch-size schedule (its messages name those steps); None: no schedule.
+    at: Callable[[int, int], Terms] | None = None
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,16 @@ class Settings:
     log_metrics: bool = False
 
     @classmethod
+    def selected(cls, args: Any) -> Settings | None:
+        """The settings of a run that selects Zephon, with ``args`` made ready for Megatron (``zephon`` mapped to
+        ``external``, ``--eval-interval`` filled); None, and ``args`` untouched, when it does not select it."""
+        if not is_requested(args):
+            return None
+        to_external(args)
+        fill_eval_interval(args)
+        return cls.from_args(args)
+
+    @classmethod
     def from_args(cls, args: Any) -> Settings:
         from zephon_megatron.validate import ZephonMegatronError
 

@@ -47,13 +47,13 @@ from typing import Any
 from zephon_core import Pipeline
 from zephon_core.integration import Asked, Facts, Recipe, StartupPlan, startup_plan
 from zephon_megatron import state as loader_state
-from zephon_megatron.args import Settings, fill_eval_interval, is_requested, to_external
+from zephon_megatron.args import Settings
 from zephon_megatron.batches import BatchFormat
 from zephon_megatron.iterators import TrainStream, ZephonTrainIterator, ZephonValidIterator, ZephonValidSet
 from zephon_megatron.metrics import MegatronMetrics
-from zephon_megatron.schedule import BatchSchedule, StepCounter
+from zephon_megatron.schedule import BatchSchedule, StepCounter, Steps
 from zephon_megatron.tokenizer import TokenizerAdapter, tokenizer_eod
-from zephon_megatron.validate import RunShape, ZephonMegatronError, check
+from zephon_megatron.validate import ZephonMegatronError, check_run
 
 #: Set by the entry point: True when the training script's get_batch uses
 #: Megatron's get_batch_on_this_tp_rank (zephon_megatron.launch), False for
@@ -61,14 +61,19 @@ from zephon_megatron.validate import RunShape, ZephonMegatronError, check
 ROUTE = {"megatron_broadcast": True}
 
 
-def plan_of(args: Any, settings: Settings, schedule: BatchSchedule) -> StartupPlan:
+def plan_of(args: Any, settings: Settings, steps: Steps) -> StartupPlan:
     """The run's start-up plan from Megatron's facts: the recipes loaded once, the lanes resolved once (resuming,
     they may come from the loader state, which the provider reads later: ``StartupPlan.resumed``)."""
-    dp = int(args.data_parallel_size)
+    dp, mbs = int(args.data_parallel_size), int(args.micro_batch_size)
+    runs = steps.runs if len(steps.runs) > 1 else ()
+    gbs = runs[0][2] if runs else int(args.global_batch_size)
+    whole = not any(g % mbs for _, _, g in runs)  # else validate names the global batch that is not (no rule here)
     facts = Facts(
-        dp_degree=dp, world_size=dp, batches_per_step=None, step_varies=bool(schedule.ramps),
-        rows_per_step=None if schedule.ramps else int(schedule.global_batch(0)),
-        seq_len=getattr(args, "seq_length", None), micro_batch_size=int(args.micro_batch_size),
+        dp_degree=dp, world_size=dp, step_varies=steps.ramps,
+        batches_per_step=max(1, gbs // max(1, mbs * dp)) * dp if whole else None,
+        step_runs=tuple((first, last, g // mbs) for first, last, g in runs) if whole else (),
+        rows_per_step=None if steps.ramps else steps.first_global_batch,
+        seq_len=getattr(args, "seq_length", None), micro_batch_size=mbs,
         tp=int(getattr(args, "tensor_model_parallel_size", 1) or 1),
         pp=int(getattr(args, "pipeline_model_parallel_size", 1) or 1),
         cp=int(getattr(args, "context_parallel_size", 1) or 1),
@@ -77,20 +82,6 @@ def plan_of(args: Any, settings: Settings, schedule: BatchSchedule) -> StartupPl
     return startup_plan(settings.recipe, facts, asked, framework="Megatron", role="--zephon-recipe",
                         held_out=settings.valid_recipes, held_out_role="--zephon-valid-recipe",
                         resuming=bool(getattr(args, "load", None)), error=ZephonMegatronError)
-
-
-def shape_of(args: Any, plan: StartupPlan, schedule: BatchSchedule | None = None,
-             num_microbatches: int | None = None) -> RunShape:
-    """Megatron's own start-up facts beside the plan's (lanes, aggregation, held-out sets)."""
-    steps: tuple[tuple[int, int, int], ...] = ()
-    if schedule is not None and schedule.ramps:
-        steps = tuple((s.first, s.last, s.global_batch) for s in schedule.segments(getattr(args, "train_iters", None)))
-    full = bool(getattr(args, "full_validation", False))
-    endless = tuple(h.path for h in plan.held_out if h.endless) if full else ()
-    return RunShape.from_args(args, canonical_replicas=plan.canonical_replicas, num_microbatches=num_microbatches,
-                              batch_steps=steps, valid_recipes=tuple(h.path for h in plan.held_out),
-                              endless_valid_recipes=endless, aggregate_dir=plan.coordination.aggregate_dir,
-                              run_id=plan.coordination.run_id, megatron_broadcast=ROUTE["megatron_broadcast"])
 
 
 def _print_rank0(msg: str) -> None:
@@ -121,18 +112,17 @@ def prepare(args: Any) -> bool:
 
 def _prepared(args: Any) -> StartupPlan | None:
     """Settings -> plan -> refuse: the plan of a run that may start (None: Zephon is not selected)."""
-    if not is_requested(args):
+    settings = Settings.selected(args)
+    if settings is None:
         return None
-    to_external(args)
-    fill_eval_interval(args)
-    settings = Settings.from_args(args)
-    schedule = BatchSchedule.from_megatron(args)
-    plan = plan_of(args, settings, schedule)
-    check(shape_of(args, plan, schedule), plan)
+    steps = Steps.of(args)
+    plan = plan_of(args, settings, steps)
+    check_run(args, plan, steps, megatron_broadcast=ROUTE["megatron_broadcast"])
     _name_validation_sets(args, settings)
-    if getattr(args, "rampup_batch_size", None) and not schedule.ramps:
-        _print_rank0("zephon: note: this megatron-core ignores --rampup-batch-size (deprecated since 0.18): the run trains "
-                     f"at a constant global batch of {schedule.global_batch(0)}; a ramp is --step-batch-size-schedule")
+    if getattr(args, "rampup_batch_size", None) and not steps.ramps:
+        _print_rank0("zephon: note: this megatron-core ignores --rampup-batch-size (deprecated since 0.18): the run "
+                     f"trains at a constant global batch of {steps.first_global_batch}; "
+                     "a ramp is --step-batch-size-schedule")
     return plan
 
 
@@ -243,7 +233,7 @@ class RankLoader:
         self.plan = plan.resumed(resumed.state if resumed is not None else None).placed(
             dp_degree=place.dp, dp_rank=place.dp_rank, world_size=place.dp if place.saves else 1,
             global_rank=place.dp_rank)
-        check(shape_of(args, self.plan, schedule), self.plan)
+        check_run(args, self.plan, Steps.of(args, schedule), megatron_broadcast=ROUTE["megatron_broadcast"])
         self.tok, self.eod = (None, None)
         if place.tp_rank == 0:
             self.tok, self.eod = _tokenizer(args, self.plan.recipe, settings)
@@ -340,7 +330,7 @@ def provide(args: Any, vp_stage: int | None = None) -> tuple[Any, Any, Any]:
         plan = _prepared(args)
         close_current()
         settings = Settings.from_args(args)
-        plan = plan or plan_of(args, settings, BatchSchedule.from_megatron(args))
+        plan = plan or plan_of(args, settings, Steps.of(args))
         _CURRENT["loader"] = RankLoader(args, settings, Place.from_mpu(args), plan)
         _CURRENT["args"] = args
     loader: RankLoader = _CURRENT["loader"]

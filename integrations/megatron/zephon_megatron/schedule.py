@@ -104,6 +104,27 @@ class BatchSchedule:
         return next((s for s in self.segments(train_iters) if s.global_batch % multiple_of), None)
 
 
+@dataclass(frozen=True)
+class Steps:
+    """What start-up needs of a run's schedule, read at once: whether the global batch changes, the first step's,
+    and the runs of equal steps (empty when it is constant)."""
+
+    ramps: bool
+    first_global_batch: int
+    runs: tuple[tuple[int, int, int], ...] = ()  # (first, last, global batch) of each run of equal steps
+
+    @classmethod
+    def of(cls, args: Any, schedule: BatchSchedule | None = None) -> Steps:
+        """The steps of ``schedule`` (default: this Megatron process's, ``BatchSchedule.from_megatron``) up to
+        ``--train-iters``."""
+        schedule = schedule or BatchSchedule.from_megatron(args)
+        runs: tuple[tuple[int, int, int], ...] = ()
+        if schedule.ramps:
+            segments = schedule.segments(getattr(args, "train_iters", None))
+            runs = tuple((s.first, s.last, s.global_batch) for s in segments)
+        return cls(schedule.ramps, schedule.global_batch(0), runs)
+
+
 def _horizon(calc: Any) -> int | None:
     schedule = getattr(calc, "schedule", None)  # StepBatchsizeNumMicroBatchesCalculator (>= 0.18)
     if isinstance(schedule, list) and schedule:

@@ -1,25 +1,21 @@
 """Start-up validators: refuse, before the first step, runs Zephon cannot keep exact.
 
-Every check works on plain values (``RunShape``), so it runs the same in unit
-tests, at ``pretrain()`` entry on every rank, and again in the dataset
-provider once the number of micro-batches and the lane count are final. Each
-message says what to change.
+The rules of the elastic guarantee (lanes, step size at every step of a schedule, aggregation) are the
+start-up plan's (``StartupPlan.problems``), worded in Megatron's terms (``terms``); Megatron's own rules
+(evaluation, masks, flags it does not read) work on plain values (``RunShape``). ``check`` refuses both
+at once, at ``pretrain()`` entry on every rank and again in the dataset provider once the lane count is
+final. Each message says what to change.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zephon_core.integration import (
-    IntegrationError,
-    StartupPlan,
-    Terms,
-    Topology,
-    next_multiple,
-    refuse,
-    topology_problems,
-)
+from zephon_core.integration import IntegrationError, StartupPlan, Terms, next_multiple, refuse
+
+if TYPE_CHECKING:
+    from zephon_megatron.schedule import Steps
 
 
 class ZephonMegatronError(IntegrationError):
@@ -34,7 +30,7 @@ class RunShape:
     micro_batch_size: int
     global_batch_size: int
     num_microbatches: int  # per data-parallel rank and optimizer step (of the first step when the batch ramps)
-    canonical_replicas: int | None  # None: not known yet (checked later)
+    canonical_replicas: int | None  # None: not known yet
     tp: int = 1
     pp: int = 1
     cp: int = 1
@@ -49,8 +45,6 @@ class RunShape:
     endless_valid_recipes: tuple[str, ...] = ()  # held-out recipes that never end (exhausted != "stop")
     full_validation: bool = False
     multiple_validation_sets: bool = False
-    aggregate_dir: str | None = None
-    run_id: str | None = None
     create_attention_mask: bool = True
     reset_attention_mask: bool = False
     inter_document_masking: bool = False
@@ -71,8 +65,7 @@ class RunShape:
     @classmethod
     def from_args(cls, args: Any, *, canonical_replicas: int | None, num_microbatches: int | None = None,
                   batch_steps: tuple[tuple[int, int, int], ...] = (), valid_recipes: tuple[str, ...] = (),
-                  endless_valid_recipes: tuple[str, ...] = (), aggregate_dir: str | None = None,
-                  run_id: str | None = None, megatron_broadcast: bool = True) -> RunShape:
+                  endless_valid_recipes: tuple[str, ...] = (), megatron_broadcast: bool = True) -> RunShape:
         dp = int(args.data_parallel_size)
         mbs = int(args.micro_batch_size)
         gbs = int(batch_steps[0][2]) if batch_steps else int(args.global_batch_size)
@@ -96,8 +89,6 @@ class RunShape:
             endless_valid_recipes=endless_valid_recipes,
             full_validation=bool(getattr(args, "full_validation", False)),
             multiple_validation_sets=bool(getattr(args, "multiple_validation_sets", False)),
-            aggregate_dir=aggregate_dir,
-            run_id=run_id,
             create_attention_mask=bool(getattr(args, "create_attention_mask_in_dataloader", True)),
             reset_attention_mask=bool(getattr(args, "reset_attention_mask", False)),
             inter_document_masking=bool(getattr(args, "dataloader_inter_document_masking", False)),
@@ -160,21 +151,17 @@ def terms(s: RunShape, steps: tuple[int, int] | None = None) -> Terms:
         run_id="--zephon-run-id",
         step=step,
         step_fix=step_fix,
+        at=(lambda first, last: terms(s, (first, last))) if s.batch_steps and steps is None else None,
     )
 
 
-def _topology(s: RunShape) -> list[str]:
-    """The core's elastic rules, applied to every step size of the schedule; the first bad step is named."""
+def _schedule(s: RunShape) -> list[str]:
     C, mbs = s.canonical_replicas, s.micro_batch_size
     for first, last, gbs in s.batch_steps:
         if gbs % mbs:
             return [f"{s.schedule_flag} gives a global batch of {gbs} at {_where((first, last))}, not a multiple of "
                     f"--micro-batch-size {mbs}; make every global batch of the schedule a multiple of {mbs * (C or 1)}"]
-    # The first step whose size breaks the rule, else the first step: the other rules do not depend on the size.
-    first, last, gbs = next((seg for seg in s.batch_steps if C and (seg[2] // mbs) % C),
-                            s.batch_steps[0] if s.batch_steps else (0, 0, s.batches_per_step * mbs))
-    topology = Topology(s.dp, C, gbs // mbs, s.dp, s.aggregate_dir, s.run_id)
-    return topology_problems(topology, terms(s, (first, last) if s.batch_steps else None))
+    return []
 
 
 def _evaluation(s: RunShape) -> list[str]:
@@ -201,8 +188,8 @@ def _evaluation(s: RunShape) -> list[str]:
 
 
 def problems(s: RunShape) -> list[str]:
-    """Everything wrong with ``s``, one sentence each; empty when the run is fine."""
-    out = _topology(s)
+    """Everything wrong with ``s`` by Megatron's own rules, one sentence each; empty when the run is fine."""
+    out = _schedule(s)
     if s.hybrid_cp:
         out.append(
             "--hybrid-context-parallel regroups sequences per micro-batch (local_cp_size); Zephon serves fixed-length packed "
@@ -244,5 +231,21 @@ def problems(s: RunShape) -> list[str]:
 
 
 def check(s: RunShape, plan: StartupPlan | None = None) -> None:
-    """Raise ``ZephonMegatronError`` listing every problem of ``s`` and the curriculum rules of ``plan``."""
-    refuse(problems(s) + (plan.problems(None) if plan is not None else []), ZephonMegatronError)
+    """Raise ``ZephonMegatronError`` listing every rule ``plan`` breaks (in Megatron's terms) and every problem
+    of ``s``."""
+    refuse((plan.problems(terms(s)) if plan is not None else []) + problems(s), ZephonMegatronError)
+
+
+def shape_of(args: Any, plan: StartupPlan, steps: Steps | None = None, *, megatron_broadcast: bool = True) -> RunShape:
+    """Megatron's own start-up facts beside the plan's (lanes, held-out sets)."""
+    full = bool(getattr(args, "full_validation", False))
+    endless = tuple(h.path for h in plan.held_out if h.endless) if full else ()
+    return RunShape.from_args(args, canonical_replicas=plan.canonical_replicas,
+                              batch_steps=steps.runs if steps is not None else (),
+                              valid_recipes=tuple(h.path for h in plan.held_out), endless_valid_recipes=endless,
+                              megatron_broadcast=megatron_broadcast)
+
+
+def check_run(args: Any, plan: StartupPlan, steps: Steps | None = None, *, megatron_broadcast: bool = True) -> None:
+    """Refuse the run of ``args`` (as ``check``) unless ``plan`` and Megatron's own rules all hold."""
+    check(shape_of(args, plan, steps, megatron_broadcast=megatron_broadcast), plan)

@@ -82,3 +82,20 @@ def test_stages_at_optimizer_steps_are_refused_under_a_batch_size_schedule():
 def test_a_validation_plan_never_coordinates():
     plan = _plan(Facts(dp_degree=2, world_size=1))
     assert "aggregate_dir" not in plan.options() and plan.problems(TERMS) == []
+
+
+def test_the_step_size_rule_holds_at_every_run_of_a_schedule_and_names_the_first_that_breaks_it():
+    at = Terms(dp="dp degree", canonical_replicas="--lanes", aggregate_dir="--dir", run_id="--run",
+               step=lambda n: f"{n} batches", step_fix=lambda C, n: f"set --gbs to a multiple of {C}",
+               at=lambda first, last: Terms(dp="dp degree", canonical_replicas="--lanes", aggregate_dir="--dir",
+                                            run_id="--run", step=lambda n: f"{n} batches at steps {first}-{last}",
+                                            step_fix=lambda C, n: "fix it"))
+    good = _plan(Facts(dp_degree=2, batches_per_step=4, step_runs=((1, 2, 4), (3, 9, 8))))
+    assert good.problems(at) == [] and good.step_run() == (1, 2, 4)
+    bad = _plan(Facts(dp_degree=2, batches_per_step=4, step_runs=((1, 2, 4), (3, 4, 6), (5, 9, 10))))
+    (problem,) = bad.problems(at)
+    assert bad.step_run() == (3, 4, 6) and "6 batches at steps 3-4" in problem and "fix it" in problem
+    assert bad.problems(TERMS) == ["one optimizer step consumes 6 batches, which is not a multiple of "
+                                   "canonical_replicas=4; set --gbs to a multiple of 4 so every step holds the same "
+                                   "samples after a resize"]  # terms without ``at`` word it without the steps
+
