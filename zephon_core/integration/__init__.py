@@ -11,7 +11,8 @@ live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds
 * ``rules``: the start-up rules of the elastic guarantee (``topology_problems``, ``refuse``), worded
   in the framework's ``Terms``;
 * ``metrics``: ``IntervalMetrics``, ``Pipeline.stats()`` as a framework's logger shows it every interval;
-* ``batch_log``: the per-batch audit log (``ZEPHON_BATCH_LOG``): ``audited(batches, rank)`` writes it,
+* ``batch_log``: the per-batch audit log (``ZEPHON_BATCH_LOG``): ``audited(batches, rank)`` is its one
+  writer (``batch_of``: the batch, or a received batch's identity, ``LoggedBatch``, in what is taken),
   ``read_batch_log`` reads it;
 * ``state_readers``: reading a state out of JSON or, through the readers adapters register, their
   framework's checkpoints (``StateReader``);

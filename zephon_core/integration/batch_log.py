@@ -14,15 +14,19 @@ so logs of runs on different numbers of ranks compare step by step.
 Lines of the first format (``lane lane_index digest``) are still read.
 
 An adapter wraps the batches it trains on in ``audited(batches, rank)``, which logs each one as it
-is taken; ``read_batch_log`` reads a log back.
+is taken, and is the one writer of the log: items that are not batches themselves (a live step's
+``(batch, weight)`` pairs, a micro-batch received from a peer) name their batch through ``batch_of``,
+and a trainer that cuts its batches step by step feeds each step's to the same log (``Audited.over``).
+A peer that received only a batch's identity (a ``LoggedBatch`` without counts) writes a line of the
+first format. ``read_batch_log`` reads a log back.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple, TextIO
+from typing import Any, Generic, NamedTuple, TextIO, TypeVar
 
 import numpy as np
 
@@ -42,22 +46,35 @@ def open_batch_log(rank: int) -> TextIO | None:
     return open(path, "a", encoding="utf-8", buffering=1)
 
 
-class Audited(Iterator[Batch]):
-    """``batches`` as they are taken, each written to the batch log first (when one is open);
-    ``close()`` closes the log. ``iter(batches)`` is called at the first batch, not before."""
+T = TypeVar("T")
 
-    def __init__(self, batches: Iterable[Batch], log: TextIO | None) -> None:
-        self._batches = batches
-        self._it: Iterator[Batch] | None = None
+
+class Audited(Iterator[T], Generic[T]):
+    """``items`` as they are taken, the batch of each (``batch_of``; None: a pad, not logged) written to the
+    batch log first (when one is open); ``close()`` closes the log. ``iter(items)`` is called at the first
+    item, not before."""
+
+    def __init__(self, items: Iterable[T], log: TextIO | None,
+                 batch_of: Callable[[T], Batch | LoggedBatch | None] | None = None) -> None:
+        self._items = items
+        self._it: Iterator[T] | None = None
+        self._batch_of = batch_of
         self.log = log
 
-    def __next__(self) -> Batch:
+    def __next__(self) -> T:
         if self._it is None:
-            self._it = iter(self._batches)
-        batch = next(self._it)
+            self._it = iter(self._items)
+        item = next(self._it)
         if self.log is not None:
-            self.log.write(log_line(batch))
-        return batch
+            batch: Any = item if self._batch_of is None else self._batch_of(item)
+            if batch is not None:
+                self.log.write(log_line(batch))
+        return item
+
+    def over(self, items: Iterable[T]) -> Audited[T]:
+        """``items`` next, into the same log (a trainer that cuts each step's batches opens the log once)."""
+        self._items, self._it = items, None
+        return self
 
     def close(self) -> None:
         if self.log is not None:
@@ -65,10 +82,11 @@ class Audited(Iterator[Batch]):
             self.log = None
 
 
-def audited(batches: Iterable[Batch], rank: int) -> Audited:
-    """``batches``, each logged to ``ZEPHON_BATCH_LOG`` for ``rank`` (opened now) as it is taken;
-    unchanged when it is unset."""
-    return Audited(batches, open_batch_log(rank))
+def audited(items: Iterable[T], rank: int, *,
+            batch_of: Callable[[T], Batch | LoggedBatch | None] | None = None) -> Audited[T]:
+    """``items`` (batches, or anything ``batch_of`` finds a batch or a ``LoggedBatch`` in), each logged to
+    ``ZEPHON_BATCH_LOG`` for ``rank`` (opened now) as it is taken; unchanged when it is unset."""
+    return Audited(items, open_batch_log(rank), batch_of)
 
 
 class LoggedBatch(NamedTuple):
@@ -81,14 +99,25 @@ class LoggedBatch(NamedTuple):
     tokens: dict[int, int]
     documents: dict[int, int]
 
+    @classmethod
+    def identity(cls, lane: int, lane_index: int, digest: str) -> LoggedBatch:
+        """A batch known by its identity alone (its stage and counts unknown): a line of the first format."""
+        return cls(lane, lane_index, digest, -1, {}, {})
+
 
 def _pairs(counts: np.ndarray) -> str:
     nz = np.flatnonzero(counts)
     return ",".join(f"{s}:{int(counts[s])}" for s in nz.tolist()) or "-"
 
 
-def log_line(batch: Batch) -> str:
-    """The audit line of one delivered batch."""
+def log_line(batch: Batch | LoggedBatch) -> str:
+    """The audit line of one delivered batch; of a ``LoggedBatch`` without a stage (a batch's identity alone,
+    as a peer receives it), a line of the first format."""
+    if isinstance(batch, LoggedBatch):
+        if batch.stage < 0:
+            return f"{batch.lane} {batch.lane_index} {batch.digest}\n"
+        logged = [",".join(f"{s}:{n}" for s, n in counts.items()) or "-" for counts in (batch.tokens, batch.documents)]
+        return f"{batch.lane} {batch.lane_index} {batch.digest} {batch.stage} {logged[0]} {logged[1]}\n"
     seg = batch.segments
     tokens = np.bincount(seg[:, 1], weights=seg[:, 4] - seg[:, 3]) if len(seg) else np.zeros(0)
     documents = np.bincount(seg[seg[:, 3] == 0, 1]) if len(seg) else np.zeros(0)

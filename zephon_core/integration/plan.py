@@ -56,6 +56,7 @@ class Asked:
     aggregate_dir: str | None = None
     run_id: str | None = None
     aggregate_timeout_s: float | None = None
+    run_id_suffix: str = ""  # appended to the resolved run_id (a torchft replica group checkpoints under its own)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,9 @@ def startup_plan(recipe: str, facts: Facts, asked: Asked = Asked(), *, framework
                                        resumed_state=resumed_state, resuming=resuming)
     coordination = coordination_of(training, lanes or facts.dp_degree, aggregate_dir=asked.aggregate_dir,
                                    run_id=asked.run_id, aggregate_timeout_s=asked.aggregate_timeout_s)
+    run_id, suffix = coordination.run_id, asked.run_id_suffix
+    if run_id and suffix and not run_id.endswith(suffix):
+        coordination = replace(coordination, run_id=run_id + suffix)
     sets = []
     for path in held_out:
         r = load_training_recipe(path, framework=framework, role=held_out_role, error=error)

@@ -17,37 +17,26 @@ payload, which every peer verifies.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from zephon_core.integration import LoggedBatch
+
 _HEADER_LEN = 12
 _F_ATTN, _F_CU, _F_CHECK = 1, 2, 4
 
 
-@dataclass(frozen=True)
-class BatchMeta:
-    """Where a micro-batch came from: its lane, its number in the lane, its Zephon digest."""
-
-    lane: int
-    lane_index: int
-    digest: str  # 32 hex digits
-
-    def line(self) -> str:
-        return f"{self.lane} {self.lane_index} {self.digest}"
-
-
 class MicroBatch(dict):
-    """A micro-batch dict that also carries its ``BatchMeta``.
+    """A micro-batch dict that also carries its batch's identity (``meta``: lane, index in the lane, digest).
 
     ``key in batch`` is False for pieces that are None, so scripts that test for
     an optional piece (``"attention_mask" in data``) and scripts that index it
     (``batch["attention_mask"]``) both work.
     """
 
-    meta: BatchMeta | None = None
+    meta: LoggedBatch | None = None
 
     def __contains__(self, key: object) -> bool:
         return dict.__contains__(self, key) and dict.__getitem__(self, key) is not None
@@ -143,5 +132,5 @@ def broadcast_microbatch(batch: MicroBatch | None, *, src: int, group: Any, veri
         start = 4 * BL
         out["cu_seqlens"] = payload[start : start + B * cu_w].to(torch.int32).view(B, cu_w)
         out["max_seqlen"] = payload[start + B * cu_w : start + B * cu_w + B].to(torch.int32)
-    out.meta = BatchMeta(lane, lane_index, _words_digest(d0, d1)) if lane >= 0 else None
+    out.meta = LoggedBatch.identity(lane, lane_index, _words_digest(d0, d1)) if lane >= 0 else None
     return out

@@ -21,11 +21,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from zephon_core import Batch, Pipeline
-from zephon_core.integration import Audited, audited
-from zephon_core.integration import open_batch_log as open_rank_log
+from zephon_core.integration import Audited, LoggedBatch, audited
 from zephon_megatron import state as loader_state
 from zephon_megatron.batches import BatchFormat, to_megatron, to_torch
-from zephon_megatron.broadcast import BatchMeta, MicroBatch
+from zephon_megatron.broadcast import MicroBatch
 from zephon_megatron.schedule import StepCounter
 from zephon_megatron.validate import ZephonMegatronError
 
@@ -37,9 +36,11 @@ def global_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def open_batch_log() -> Any:
-    """The batch log (``zephon_core.integration.batch_log``) of this process's global rank (None when unset)."""
-    return open_rank_log(global_rank())
+def received_log() -> Audited[MicroBatch]:
+    """The batch log (``zephon_core.integration.batch_log``) of this process's global rank for the micro-batches
+    it receives from tensor-parallel rank 0 (``Audited.over`` each one; no log when ``ZEPHON_BATCH_LOG`` is unset):
+    a line of each one's identity."""
+    return audited((), global_rank(), batch_of=lambda mb: mb.meta)
 
 
 def micro_batch(b: Batch, fmt: BatchFormat, *, audit: bool = True) -> MicroBatch:
@@ -48,7 +49,7 @@ def micro_batch(b: Batch, fmt: BatchFormat, *, audit: bool = True) -> MicroBatch
     if mb.get("cu_seqlens") is None:
         dict.pop(mb, "cu_seqlens", None)
         dict.pop(mb, "max_seqlen", None)
-    mb.meta = BatchMeta(b.lane, b.lane_index, b.digest) if audit else None
+    mb.meta = LoggedBatch.identity(b.lane, b.lane_index, b.digest) if audit else None
     return mb
 
 

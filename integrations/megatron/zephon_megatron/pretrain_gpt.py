@@ -24,16 +24,16 @@ from typing import Any
 from zephon_megatron.plugin import install
 
 _KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
-_AUDIT: dict[str, Any] = {"log": None, "opened": False}
+_AUDIT: dict[str, Any] = {"received": None}
 
 
-def _audit_log() -> Any:
-    if not _AUDIT["opened"]:
-        from zephon_megatron.iterators import open_batch_log
+def _received() -> Any:
+    """This rank's log of the micro-batches it receives (``iterators.received_log``), opened at the first one."""
+    if _AUDIT["received"] is None:
+        from zephon_megatron.iterators import received_log
 
-        _AUDIT["log"] = open_batch_log()
-        _AUDIT["opened"] = True
-    return _AUDIT["log"]
+        _AUDIT["received"] = received_log()
+    return _AUDIT["received"]
 
 
 def _model_device() -> Any:
@@ -76,11 +76,11 @@ def get_batch(data_iterator: Any, vp_stage: int | None = None) -> dict[str, Any]
     tp_rank = mpu.get_tensor_model_parallel_rank()
     batch = next(data_iterator) if tp_rank == 0 else None
     if mpu.get_tensor_model_parallel_world_size() > 1:
-        log = _audit_log()
+        received = _received()
         batch = broadcast_microbatch(batch, src=mpu.get_tensor_model_parallel_src_rank(),
-                                     group=mpu.get_tensor_model_parallel_group(), verify=log is not None)
-        if tp_rank != 0 and log is not None and batch.meta is not None:
-            log.write(batch.meta.line() + "\n")
+                                     group=mpu.get_tensor_model_parallel_group(), verify=received.log is not None)
+        if tp_rank != 0:
+            batch = next(received.over([batch]))  # rank 0 logged it when it read it
     assert batch is not None
     device = _model_device()
     out = {k: (v.to(device, non_blocking=True) if v is not None else None) for k, v in dict.items(batch)}

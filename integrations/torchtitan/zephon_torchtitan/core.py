@@ -88,10 +88,12 @@ def coordination_identity() -> tuple[int, int]:
     return 1, 0
 
 
-def asked_of(settings: Settings) -> Asked:
-    """What the user set through the adapter (empty or 0: unset, the recipe's or the default applies)."""
+def asked_of(settings: Settings, run_id_suffix: str = "") -> Asked:
+    """What the user set through the adapter (empty or 0: unset, the recipe's or the default applies), and the
+    suffix of a torchft replica group's run_id."""
     return Asked(canonical_replicas=settings.canonical_replicas or None, aggregate_dir=settings.aggregate_dir or None,
-                 run_id=settings.run_id or None, aggregate_timeout_s=settings.aggregate_timeout_s or None)
+                 run_id=settings.run_id or None, aggregate_timeout_s=settings.aggregate_timeout_s or None,
+                 run_id_suffix=run_id_suffix)
 
 
 def facts_of(*, dp_world_size: int, dp_rank: int, local_batch_size: int, batches_per_step: int | None,
@@ -107,9 +109,9 @@ def facts_of(*, dp_world_size: int, dp_rank: int, local_batch_size: int, batches
                  rows_per_step=batches_per_step * local_batch_size if batches_per_step else None)
 
 
-def plan_of(settings: Settings, facts: Facts) -> StartupPlan:
+def plan_of(settings: Settings, facts: Facts, run_id_suffix: str = "") -> StartupPlan:
     """The loader's start-up plan: the recipe loaded once, the lanes and the coordination resolved once."""
-    return startup_plan(settings.recipe, facts, asked_of(settings), framework="TorchTitan")
+    return startup_plan(settings.recipe, facts, asked_of(settings, run_id_suffix), framework="TorchTitan")
 
 
 class ZephonStream:
@@ -126,11 +128,12 @@ class ZephonStream:
         local_batch_size: int,
         batches_per_step: int | None,
         validation: bool = False,
+        run_id_suffix: str = "",
     ) -> None:
         # Settings -> plan -> refuse -> build.
         facts = facts_of(dp_world_size=dp_world_size, dp_rank=dp_rank, local_batch_size=local_batch_size,
                          batches_per_step=batches_per_step, validation=validation)
-        self.plan: StartupPlan = plan_of(settings, facts)
+        self.plan: StartupPlan = plan_of(settings, facts, run_id_suffix)
         refuse(self.plan.problems(TERMS))
         recipe = self.plan.recipe
         tok = TokenizerAdapter(tokenizer) if not recipe.pretokenized else None

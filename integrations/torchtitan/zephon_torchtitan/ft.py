@@ -42,11 +42,11 @@ from torchtitan.experiments.torchft.optimizer import TorchFTOptimizersContainer
 from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.trainer import Trainer
 
-from zephon_core.integration import BATCH_LOG_ENV, Facts, IntegrationError, log_line, open_batch_log
+from zephon_core import Batch
+from zephon_core.integration import BATCH_LOG_ENV, Audited, IntegrationError, audited
 from zephon_core.live import LiveLanes, LiveStep
 from zephon_torchft import LiveData
-from zephon_torchtitan.core import IGNORE_INDEX, ZephonStream, coordination_identity, plan_of, to_torchtitan
-from zephon_torchtitan.settings import settings_of
+from zephon_torchtitan.core import IGNORE_INDEX, ZephonStream, coordination_identity, to_torchtitan
 from zephon_torchtitan.tt03 import ZephonDataLoader, fill_batch_sizes
 
 STEP_LOG_SUFFIX = ".steps"
@@ -218,15 +218,12 @@ class _Feed:
         return self.queue.popleft()
 
 
-def _suffix_run_id(config: Trainer.Config) -> None:
-    """Each replica group checkpoints its own ranks: give each its own aggregation folder (``run_id-replicaN``)."""
+def _name_replica_group(config: Trainer.Config) -> None:
+    """Each replica group checkpoints its own ranks: the loader's plan gives each its own aggregation folder
+    (``run_id-replicaN``) when it loads the recipe, the one time it does."""
     loader, ft = config.dataloader, getattr(config, "fault_tolerance", None)
-    if not isinstance(loader, ZephonDataLoader.Config) or not loader.recipe or ft is None or not ft.enable:
-        return
-    # Before the trainer builds anything its data-parallel degree is unknown; the run_id does not depend on it.
-    run_id = plan_of(settings_of(loader), Facts(dp_degree=1)).coordination.run_id
-    if run_id and not run_id.endswith(f"-replica{ft.replica_id}"):
-        loader.run_id = f"{run_id}-replica{ft.replica_id}"
+    if isinstance(loader, ZephonDataLoader.Config) and ft is not None and ft.enable:
+        loader.replica_group = ft.replica_id
 
 
 class ZephonFTTrainer(FaultTolerantTrainer):
@@ -250,7 +247,7 @@ class ZephonFTTrainer(FaultTolerantTrainer):
         problems = live_config_problems(config)
         if problems:
             raise IntegrationError("zephon live mode: " + "; ".join(problems))
-        _suffix_run_id(config)
+        _name_replica_group(config)
         super().__init__(config)
         # Trainer.__init__ wires the chunked loss to the model's lm_head; FaultTolerantTrainer 0.3.0's does not.
         if isinstance(self.loss_fn, ChunkedLossWrapper):
@@ -265,7 +262,9 @@ class ZephonFTTrainer(FaultTolerantTrainer):
         self._feed = _Feed()
         self._batches = self.batch_generator(self._feed)
         rank = coordination_identity()[1]
-        self._batch_log, self._step_log = open_batch_log(rank), _open_step_log(rank)
+        # Each attempt's batches are logged when cut (``over``); a pad (None) is not a batch.
+        self._cut: Audited[tuple[Batch | None, float]] = audited((), rank, batch_of=lambda item: item[0])
+        self._step_log = _open_step_log(rank)
 
     @property
     def stream(self) -> ZephonStream:
@@ -294,12 +293,10 @@ class ZephonFTTrainer(FaultTolerantTrainer):
         attempt = self._live.begin()
         self._attempt = attempt
         training = self.config.training
-        for batch, weight in attempt.microbatches():
+        for batch, weight in self._cut.over(attempt.microbatches()):
             self._feed.queue.append(to_torchtitan(batch) if batch is not None else pad_batch(training.local_batch_size,
                                                                                               training.seq_len))
             self._weights.append(weight)
-            if batch is not None and self._batch_log is not None:
-                self._batch_log.write(log_line(batch))
         self.gradient_accumulation_steps = attempt.plan.microbatches
 
     def forward_backward_step(self, *, input_dict: Any, labels: Any, global_valid_tokens: torch.Tensor) -> torch.Tensor:
@@ -321,9 +318,11 @@ class ZephonFTTrainer(FaultTolerantTrainer):
             self._step_log.write(step_line(step, self._attempt, committed, self.step))
 
     def close(self) -> None:
-        for log in (getattr(self, "_batch_log", None), getattr(self, "_step_log", None)):
-            if log is not None:
-                log.close()
+        cut, step_log = getattr(self, "_cut", None), getattr(self, "_step_log", None)
+        if cut is not None:
+            cut.close()
+        if step_log is not None:
+            step_log.close()
         live = getattr(self, "_live", None)
         if live is not None:
             live.live.close()

@@ -68,6 +68,9 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
         """training.local_batch_size (ZephonTrainer fills it): resolves a negative (default) global_batch_size."""
         infinite: bool = True
         """False for validation: one pass over a finite held-out recipe."""
+        replica_group: int = -1
+        """ZephonFTTrainer sets it: the torchft replica group, whose ranks checkpoint together under their own
+        run_id (``<run_id>-replicaN``); -1: none."""
 
     def __init__(
         self,
@@ -103,6 +106,7 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
             local_batch_size=local_batch_size,
             batches_per_step=batches_per_step,
             validation=validation,
+            run_id_suffix=f"-replica{config.replica_group}" if config.replica_group >= 0 else "",
         )
 
 

@@ -29,6 +29,7 @@ def _batches(fmt_name: str, n: int = 3):
 def _worker(rank: int, out: str) -> None:
     import torch.distributed as dist
 
+    from zephon_core.integration import log_line
     from zephon_megatron.broadcast import broadcast_microbatch
 
     results = {}
@@ -37,7 +38,7 @@ def _worker(rank: int, out: str) -> None:
         for mb in _batches(fmt_name):
             got = broadcast_microbatch(mb if rank == 0 else None, src=0, group=dist.group.WORLD, verify=verify)
             rows.append({k: (v.numpy() if v is not None else None) for k, v in dict.items(got)})
-            rows[-1]["meta"] = None if got.meta is None else got.meta.line()
+            rows[-1]["meta"] = None if got.meta is None else log_line(got.meta)
         results[fmt_name] = rows
     torch.save(results, f"{out}.{rank}")
     solo = dist.new_group([0])

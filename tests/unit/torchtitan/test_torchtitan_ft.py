@@ -13,7 +13,7 @@ pytest.importorskip("torchtitan.experiments.torchft")
 from torchtitan.components.loss import CrossEntropyLoss  # noqa: E402
 from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
 
-from zephon_core.integration import IntegrationError  # noqa: E402
+from zephon_core.integration import IntegrationError, load_recipe  # noqa: E402
 from zephon_core.live import LiveLanes  # noqa: E402
 from zephon_torchtitan import ft  # noqa: E402
 from zephon_torchtitan.config_registry import llama3_debugmodel_zephon_ft  # noqa: E402
@@ -158,3 +158,19 @@ def test_a_spare_runs_as_many_micro_batches_as_the_active_replicas(tok):
     assert spare.plan.loss_scale == 0.0
     live.close()
     other.close()
+
+
+def test_a_replica_groups_loader_checkpoints_under_its_own_run_id_loading_the_recipe_once(tok, monkeypatch):
+    from zephon_core.integration import coordination
+
+    cfg = llama3_debugmodel_zephon_ft()
+    cfg.fault_tolerance.replica_id = 2
+    ft._name_replica_group(cfg)
+    assert cfg.dataloader.replica_group == 2 and cfg.dataloader.run_id == ""  # the setting itself is left alone
+    loads = []
+    monkeypatch.setattr(coordination, "load_recipe", lambda *a, **k: loads.append(a) or load_recipe(*a, **k))
+    cfg.dataloader.recipe, cfg.dataloader.run_id, cfg.dataloader.global_batch_size = str(RECIPE), "run", 8
+    loader = ZephonDataLoader(cfg.dataloader, dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=128,
+                              local_batch_size=2)
+    assert loader._stream.plan.coordination.run_id == "run-replica2" and len(loads) == 1
+    loader.pipeline.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from zephon_core import MemorySource, Pipeline, StaticMixture
-from zephon_core.integration import BATCH_LOG_ENV, audited, log_line, read_batch_log
+from zephon_core.integration import BATCH_LOG_ENV, LoggedBatch, audited, log_line, read_batch_log
 
 
 def _pipeline() -> Pipeline:
@@ -31,3 +31,34 @@ def test_audited_without_the_variable_only_passes_the_batches_on(monkeypatch):
     first = next(batches)
     assert first.digest == next(iter(_pipeline())).digest
     batches.close()
+
+
+def test_one_writer_for_steps_cut_one_after_another_pads_skipped(tmp_path, monkeypatch):
+    """A live trainer's shape: (batch or None, weight) pairs, each step's cut into the log opened once."""
+    monkeypatch.setenv(BATCH_LOG_ENV, str(tmp_path / "b-{rank}.log"))
+    batches = list(zip(iter(_pipeline()), range(3)))
+    cut = audited((), 1, batch_of=lambda item: item[0])
+    first = list(cut.over([(batches[0][0], 1.0), (None, 0.0)]))
+    second = list(cut.over([(batches[1][0], 1.0), (batches[2][0], 1.0)]))
+    cut.close()
+    assert [w for _, w in first + second] == [1.0, 0.0, 1.0, 1.0]
+    assert (tmp_path / "b-1.log").read_text() == "".join(log_line(b) for b, _ in batches)
+
+
+def test_a_batch_known_by_its_identity_alone_writes_a_line_of_the_first_format(tmp_path, monkeypatch):
+    monkeypatch.setenv(BATCH_LOG_ENV, str(tmp_path / "b-{rank}.log"))
+    batch = next(iter(_pipeline()))
+    full = next(iter(read_batch_log_of(tmp_path, batch)))
+    assert log_line(full) == log_line(batch)  # a logged batch writes back the line it was read from
+    peer = audited([{"meta": LoggedBatch.identity(batch.lane, batch.lane_index, batch.digest)}], 2,
+                   batch_of=lambda mb: mb["meta"])
+    next(peer)
+    peer.close()
+    (line,) = read_batch_log(tmp_path / "b-2.log")
+    assert (line.lane, line.lane_index, line.digest, line.stage) == (batch.lane, batch.lane_index, batch.digest, -1)
+
+
+def read_batch_log_of(folder, batch):
+    path = folder / "one.log"
+    path.write_text(log_line(batch))
+    return read_batch_log(path)

@@ -99,3 +99,11 @@ def test_the_step_size_rule_holds_at_every_run_of_a_schedule_and_names_the_first
                                    "canonical_replicas=4; set --gbs to a multiple of 4 so every step holds the same "
                                    "samples after a resize"]  # terms without ``at`` word it without the steps
 
+
+def test_a_replica_groups_run_id_is_the_resolved_one_with_its_suffix_once():
+    facts = Facts(dp_degree=2, world_size=2)
+    assert _plan(facts, Asked(run_id="r", run_id_suffix="-replica1")).coordination.run_id == "r-replica1"
+    assert _plan(facts, Asked(run_id="r-replica1", run_id_suffix="-replica1")).coordination.run_id == "r-replica1"
+    recipes = _plan(facts, Asked(run_id_suffix="-replica0")).recipe.spec.aggregate.run_id
+    assert _plan(facts, Asked(run_id_suffix="-replica0")).coordination.run_id == (
+        f"{recipes}-replica0" if recipes else None)
