@@ -178,7 +178,7 @@ def reads(ep: Any, local: list[str], batches: int, cache: str) -> dict[str, Any]
     from support.s3_server import s3_env
 
     from zephon_core import MegatronIndexedSource
-    from zephon_core.sources.files import Access
+    from zephon_core.io.files import Access
 
     out: dict[str, Any] = {}
     url = ep.url("p8m")
@@ -232,7 +232,7 @@ def startup(ep: Any, local: list[str], cache: str) -> dict[str, Any]:
     from support.s3_server import s3_env
 
     from zephon_core import MegatronIndexedSource
-    from zephon_core.sources.files import Access
+    from zephon_core.io.files import Access
 
     url, out = ep.url("p8m"), {}
     for name, manifest in (("no_manifest", False), ("manifest", True)):
@@ -272,8 +272,8 @@ def many(ep: Any, n: int, indexed: int, work: Path, cache: str) -> dict[str, Any
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     from zephon_core import MegatronIndexedSource
+    from zephon_core.io.files import Access, FileSet
     from zephon_core.sources import manifest
-    from zephon_core.sources.files import Access, FileSet
 
     tiny = str(work / "tiny_text_document")
     b = IndexedDatasetBuilder(tiny + ".bin", dtype=np.int32)
@@ -328,7 +328,7 @@ def main() -> None:
     a = ap.parse_args()
     from support.s3_server import S3Server
 
-    from zephon_core.sources import remote
+    from zephon_core.io import remote
 
     work = Path(a.work)
     meta = corpus.build(work, log=log)

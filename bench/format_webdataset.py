@@ -72,7 +72,7 @@ def write_corpus(work: Path, n_docs: int, per_shard: int) -> Path:
 def zephon_epoch(folder: Path, tok: Any, cache: str) -> dict[str, float]:
     """Start-up to the first batch, then the rest of one epoch through tokenize -> pack -> batch."""
     from zephon_core import Pipeline, StaticMixture, WebDatasetSource
-    from zephon_core.sources.files import Access
+    from zephon_core.io.files import Access
 
     t0 = perf()
     src = WebDatasetSource(str(folder), access=Access(cache_dir=cache))
@@ -158,7 +158,7 @@ def read_only(folder: Path, urls: list[str], cache: str) -> dict[str, dict[str, 
     import webdataset as wds
 
     from zephon_core import WebDatasetSource
-    from zephon_core.sources.files import Access
+    from zephon_core.io.files import Access
 
     src = WebDatasetSource(str(folder), access=Access(cache_dir=cache))
     t0 = perf()
@@ -184,7 +184,7 @@ def many_shards(work: Path, n: int, cache: str) -> dict[str, float]:
 
     from zephon_core import WebDatasetSource
     from zephon_core.cli import main
-    from zephon_core.sources.files import Access
+    from zephon_core.io.files import Access
 
     folder = work / f"wds-shards-{n}-v{VERSION}"
     done = folder / ".complete"

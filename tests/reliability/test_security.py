@@ -25,8 +25,8 @@ from zephon_core.checkpoint.records import Round, encode_round
 from zephon_core.checkpoint.tree import Writers
 from zephon_core.errors import ConfigError
 from zephon_core.integration.state_readers import StateReadError, load_state
+from zephon_core.io import index_cache
 from zephon_core.recipe import load_recipe
-from zephon_core.sources import index_cache
 from zephon_core.sources.jsonl import JsonlFile
 
 CORE = relkit.REPO / "zephon_core"

@@ -19,8 +19,8 @@ from typing import Any
 import fsspec
 
 from zephon_core.errors import AggregationError
-from zephon_core.sources.atomic import LocalFiles, write_atomically
-from zephon_core.sources.base import is_local
+from zephon_core.io.atomic import LocalFiles, write_atomically
+from zephon_core.io.fs import is_local
 
 
 @dataclass(frozen=True)

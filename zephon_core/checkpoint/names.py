@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from zephon_core.sources import atomic
+from zephon_core.io import atomic
 
 ROUND_FILE = "round.json"
 TMP_PREFIX = atomic.TMP_PREFIX  # what atomic.write_atomically names a write in flight

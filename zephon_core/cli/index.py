@@ -8,8 +8,8 @@ from typing import Any
 
 from zephon_core.cli.progress import Progress
 from zephon_core.errors import CliError
+from zephon_core.io.files import Access, list_files
 from zephon_core.sources import manifest
-from zephon_core.sources.files import Access, list_files
 from zephon_core.sources.registry import FileSource, SourceArgs, formats, guess_format, source_format
 from zephon_core.sources.sharded import ShardedSource
 

@@ -30,12 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from zephon_core.arrays import gather_index
 from zephon_core.curriculum.mixture_base import Mixture
 from zephon_core.curriculum.schedule import Schedule
 from zephon_core.curriculum.stage_report import describe_schedule
 from zephon_core.curriculum.token_index import DocumentTokens, TokenCounter, TokenIndex, measure_tokens
 from zephon_core.errors import ConfigError
-from zephon_core.sources.base import Source, gather_index
+from zephon_core.sources.base import Source
 from zephon_core.validation import is_int, require_choice, require_int
 
 WEIGHT_BY = ("documents", "tokens")

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from zephon_core.arrays import gather_index
 from zephon_core.curriculum.permutation import derive_keys, feistel_domain, permute_ragged
-from zephon_core.sources.base import Source, gather_index
+from zephon_core.sources.base import Source
 
 
 @dataclass(frozen=True)

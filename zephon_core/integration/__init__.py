@@ -54,9 +54,9 @@ from zephon_core.integration.rules import (
     warn_unknown_step_size,
 )
 from zephon_core.integration.state_readers import StateReader, StateReadError, load_state
+from zephon_core.io.atomic import write_atomically
 from zephon_core.lane.tokenizer_file import load_tokenizer
 from zephon_core.recipe import Recipe, load_recipe
-from zephon_core.sources.atomic import write_atomically
 
 __all__ = [
     "BATCH_LOG_ENV",

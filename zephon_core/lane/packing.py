@@ -21,8 +21,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from zephon_core.arrays import gather_index
 from zephon_core.lane.pieces import Piece
-from zephon_core.sources.base import gather_index
 
 
 class Position(NamedTuple):

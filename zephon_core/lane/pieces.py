@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from zephon_core.arrays import distinct, gather_index, read_flat_grouped
 from zephon_core.curriculum.work_source import Chunk, WorkSource
 from zephon_core.errors import DataError
 from zephon_core.lane.docops import DROPPED, DocOpRunner
 from zephon_core.metrics import COUNTERS
-from zephon_core.sources.base import distinct, gather_index, read_flat_grouped
 
 # Documents per slice of a lane's first chunk: a batch needs only as many slices as it has documents.
 SLICE_DOCS = 8

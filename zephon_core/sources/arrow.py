@@ -32,14 +32,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from fsspec.core import url_to_fs
 
+from zephon_core.arrays import distinct
 from zephon_core.errors import DataError
+from zephon_core.io.byte_access import file_sample, open_bytes
+from zephon_core.io.files import DEFAULT_ACCESS, Access, FileStat
+from zephon_core.io.fs import default_name, open_fs
+from zephon_core.io.remote import LocalBytes, ScanStream
 from zephon_core.sources.arrow_ipc import INDEX_KEYS, damage, plausible, read_schema, scan_messages
-from zephon_core.sources.base import Source, default_name, distinct, open_fs
-from zephon_core.sources.byte_access import file_sample, open_bytes
-from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
+from zephon_core.sources.base import Source
 from zephon_core.sources.manifest import ShardMeta
 from zephon_core.sources.registry import register_format
-from zephon_core.sources.remote import LocalBytes, ScanStream
 from zephon_core.sources.sharded import TextShardedSource
 
 if TYPE_CHECKING:

@@ -20,10 +20,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from zephon_core.sources import index_cache
-from zephon_core.sources.base import Source, default_name, open_fs
-from zephon_core.sources.byte_access import ByteReader, compression_of, file_sample, open_bytes
-from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
+from zephon_core.io import index_cache
+from zephon_core.io.byte_access import ByteReader, compression_of, file_sample, open_bytes
+from zephon_core.io.files import DEFAULT_ACCESS, Access, FileStat
+from zephon_core.io.fs import default_name, open_fs
+from zephon_core.sources.base import Source
 from zephon_core.sources.manifest import ShardMeta
 
 

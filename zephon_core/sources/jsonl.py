@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.sources.files import Access
+from zephon_core.io.files import Access
+from zephon_core.io.remote import iter_bytes
 from zephon_core.sources.indexed_file import IndexedFile
 from zephon_core.sources.registry import register_format
-from zephon_core.sources.remote import iter_bytes
 from zephon_core.sources.sharded import TextShardedSource
 
 _READ_BLOCK = 1 << 22

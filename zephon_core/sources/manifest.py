@@ -27,10 +27,10 @@ import fsspec
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.sources.atomic import put_atomically
-from zephon_core.sources.base import content_fingerprint
-from zephon_core.sources.files import INDEX_DIR, MANIFEST, FileSet, FileStat, manifest_scope
-from zephon_core.sources.remote import serves_versions
+from zephon_core.io.atomic import put_atomically
+from zephon_core.io.files import INDEX_DIR, MANIFEST, FileSet, FileStat, manifest_scope
+from zephon_core.io.fs import content_fingerprint
+from zephon_core.io.remote import serves_versions
 
 FORMAT, VERSION = "zephon.manifest", 1
 
@@ -42,7 +42,7 @@ class ShardMeta:
     name: str  # relative to the source's root folder
     size: int
     documents: int
-    sample_blake2b: str  # the hash of its first and last MiB (sources.base.content_fingerprint)
+    sample_blake2b: str  # the hash of its first and last MiB (io.fs.content_fingerprint)
     etag: str | None = None
     mtime: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # format-specific facts (e.g. Parquet row groups)

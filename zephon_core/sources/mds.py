@@ -29,9 +29,9 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from zephon_core.errors import DataError
-from zephon_core.sources.base import default_name, is_local
-from zephon_core.sources.byte_access import ByteReader, open_bytes, whole_object
-from zephon_core.sources.files import Access, FileSet, FileStat
+from zephon_core.io.byte_access import ByteReader, open_bytes, whole_object
+from zephon_core.io.files import Access, FileSet, FileStat
+from zephon_core.io.fs import default_name, is_local
 from zephon_core.sources.manifest import ShardMeta
 from zephon_core.sources.mds_shard import INT_CODES, Column, MdsShard, RawCheck, ShardSpec
 from zephon_core.sources.registry import SourceArgs, register_format

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import DataError
+from zephon_core.io.byte_access import ByteReader
 from zephon_core.sources.base import Source
-from zephon_core.sources.byte_access import ByteReader
 
 #: ``ndarray`` value dtype codes (streaming's MDS format) that are integers: the ones a token document may have.
 INT_CODES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 32: "uint32", 33: "int32", 64: "uint64", 65: "int64"}

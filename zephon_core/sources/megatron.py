@@ -23,13 +23,15 @@ from typing import Any
 import fsspec
 import numpy as np
 
+from zephon_core.arrays import gather_index
 from zephon_core.errors import DataError
-from zephon_core.sources.base import Source, content_fingerprint, default_name, gather_index, is_local, open_fs
-from zephon_core.sources.byte_access import ByteReader, open_bytes, reader_sample
-from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat
+from zephon_core.io.byte_access import ByteReader, open_bytes, reader_sample
+from zephon_core.io.files import DEFAULT_ACCESS, Access, FileStat
+from zephon_core.io.fs import content_fingerprint, default_name, is_local, open_fs
+from zephon_core.io.remote import LocalBytes
+from zephon_core.sources.base import Source
 from zephon_core.sources.manifest import ShardMeta
 from zephon_core.sources.registry import SourceArgs, register_format
-from zephon_core.sources.remote import LocalBytes
 from zephon_core.sources.sharded import FlatShardedSource
 from zephon_core.sources.tokens import concat_slices, split_flat
 

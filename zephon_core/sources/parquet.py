@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.sources.byte_access import ByteFile
-from zephon_core.sources.files import Access, FileStat
+from zephon_core.io.byte_access import ByteFile
+from zephon_core.io.files import Access, FileStat
 from zephon_core.sources.indexed_file import StoredFile
 from zephon_core.sources.registry import register_format
 from zephon_core.sources.sharded import TextShardedSource

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from zephon_core.errors import ConfigError
+from zephon_core.io.files import Access
 from zephon_core.sources.base import Source
-from zephon_core.sources.files import Access
 
 DEFAULT_FORMAT = "jsonl"  # a recipe source without ``format``, and a path without a suffix
 

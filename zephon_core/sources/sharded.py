@@ -19,10 +19,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from zephon_core.arrays import distinct, read_flat_grouped
 from zephon_core.errors import DataError
+from zephon_core.io.files import DEFAULT_ACCESS, Access, FileStat, list_files
+from zephon_core.io.fs import default_name
 from zephon_core.sources import manifest
-from zephon_core.sources.base import Source, default_name, distinct, read_flat_grouped
-from zephon_core.sources.files import DEFAULT_ACCESS, Access, FileStat, list_files
+from zephon_core.sources.base import Source
 from zephon_core.sources.manifest import ShardMeta
 from zephon_core.sources.registry import FileSource, SourceArgs
 

@@ -12,7 +12,7 @@ import struct
 from collections.abc import Iterator
 
 from zephon_core.errors import DataError
-from zephon_core.sources.byte_access import ByteReader
+from zephon_core.io.byte_access import ByteReader
 
 BLOCK = 512
 _BLOCK = BLOCK  # the walk's own name for it

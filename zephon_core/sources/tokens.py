@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import ConfigError, DataError
-from zephon_core.sources.base import content_fingerprint, default_name, is_local, open_fs
+from zephon_core.io.fs import content_fingerprint, default_name, is_local, open_fs
 from zephon_core.sources.registry import FileSource, SourceArgs, register_format
 
 

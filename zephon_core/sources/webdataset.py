@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.sources.byte_access import compression_of
-from zephon_core.sources.files import Access
+from zephon_core.io.byte_access import compression_of
+from zephon_core.io.files import Access
 from zephon_core.sources.indexed_file import IndexedFile
 from zephon_core.sources.registry import SourceArgs, register_format
 from zephon_core.sources.sharded import TextShardedSource

@@ -12,10 +12,11 @@ from support.code_shape import find_cycle, imports, oversized
 CORE = Path(__file__).resolve().parents[3] / "zephon_core"
 
 # Lower layers never import higher ones; a layer may import itself (checked for cycles below).
-LAYERS = ["errors", "validation", "batch", "metrics", "sources", "curriculum", "lane", "checkpoint", "pipeline", "live",
-          "recipe", "integration", "verify", "report", "cli"]
-RANK = {"errors": 0, "validation": 1, "batch": 1, "metrics": 1, "sources": 2, "curriculum": 3, "lane": 4, "checkpoint": 4, "pipeline": 5,
-        "live": 6, "recipe": 6, "integration": 7, "verify": 8, "report": 9, "cli": 10}
+LAYERS = ["errors", "validation", "batch", "metrics", "arrays", "io", "sources", "curriculum", "lane", "checkpoint",
+          "pipeline", "live", "recipe", "integration", "verify", "report", "cli"]
+RANK = {"errors": 0, "validation": 1, "batch": 1, "metrics": 1, "arrays": 1, "io": 2, "sources": 3, "curriculum": 4,
+        "lane": 5, "checkpoint": 5, "pipeline": 6, "live": 7, "recipe": 7, "integration": 8, "verify": 9, "report": 10,
+        "cli": 11}
 
 
 def modules() -> dict[str, ast.Module]:

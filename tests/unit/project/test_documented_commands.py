@@ -57,13 +57,20 @@ RULES: list[tuple[str, str, str]] = [
      "tests/unit/core/report/test_report.py::test_the_docs_figures_regenerate"),
     (r"^pip install 'zephon-suite\[plot\]'$", "test", "tests/unit/project/test_packaging.py::test_extras_name_what_each_route_imports"),
     (r"^zephon index \"s3://[^\"]*\" --format megatron ", "test",
-     "tests/unit/core/sources/test_source_megatron_s3.py::test_a_manifest_start_up_fetches_no_idx_and_each_idx_on_its_first_read"),
-    (r"^pip install 'zephon-suite\[zstd\]'$", "test", "tests/unit/core/sources/test_sources_at_scale.py::test_the_zstd_extra_brings_zstandard"),
-    (r"^zephon index \"s3://", "test", "tests/unit/core/sources/test_sources_s3.py::test_a_manifest_on_s3_is_the_one_request_at_start_up_and_every_read_checks_its_version"),
+     "tests/unit/core/sources/test_megatron_s3.py::"
+     "test_a_manifest_start_up_fetches_no_idx_and_each_idx_on_its_first_read"),
+    (r"^pip install 'zephon-suite\[zstd\]'$", "test",
+     "tests/unit/core/sources/test_at_scale.py::"
+     "test_the_zstd_extra_brings_zstandard"),
+    (r"^zephon index \"s3://", "test",
+     "tests/unit/core/sources/test_s3.py::"
+     "test_a_manifest_on_s3_is_the_one_request_at_start_up_and_every_read_checks_its_version"),
     (r"^zephon index data/shards --format webdataset$", "test",
-     "tests/unit/core/sources/test_source_webdataset.py::test_zephon_index_writes_a_manifest_that_start_up_uses_without_opening_a_shard"),
+     "tests/unit/core/sources/test_webdataset.py::"
+     "test_zephon_index_writes_a_manifest_that_start_up_uses_without_opening_a_shard"),
     (r"^zephon index \S+ --format arrow$", "test",
-     "tests/unit/core/sources/test_source_arrow.py::test_zephon_index_writes_a_manifest_that_start_up_uses_without_opening_a_data_file"),
+     "tests/unit/core/sources/test_arrow.py::"
+     "test_zephon_index_writes_a_manifest_that_start_up_uses_without_opening_a_data_file"),
     (r"^zephon [a-z-]+( [A-Z][A-Z0-9.]*| \[.*\]| --[a-z-]+( [A-Z0-9]+)?)*$|^zephon [a-z-]+$|^zephon [a-z |-]+$", "synopsis", ""),
     (r"^zephon from-megatron .* --out ", "run", "outside the clone"),
     (r"^zephon ", "run", ""),

@@ -49,7 +49,7 @@ def test_fast_runs_lint_and_the_serial_suite_without_e2e_topology_tests_or_the_m
     assert "== MPI matrix" not in r.stdout
     ids = [line.strip() for line in r.stdout.splitlines() if line.startswith("tests/")]
     collected = [i.split("::")[0] for i in ids]
-    assert {"tests/unit/core/checkpoint/test_core_checkpoint.py", "tests/reliability/test_faults_restore.py"} <= set(collected)
+    assert {"tests/unit/core/checkpoint/test_restore.py", "tests/reliability/test_faults_restore.py"} <= set(collected)
     launches = [f for f in collected if f.startswith("tests/e2e/")]
     assert not launches, f"the e2e tests (torchrun launches) are not deselected: {launches}"
     # The whole-topology property tests (marked topology) are left to the full run.

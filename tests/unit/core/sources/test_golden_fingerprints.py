@@ -22,9 +22,9 @@ import pytest
 
 from zephon_core import Pipeline, StaticMixture
 from zephon_core.checkpoint.state import fingerprint_of
+from zephon_core.io.files import Access
 from zephon_core.lane.tokenizer_file import load_tokenizer
 from zephon_core.recipe import load_recipe
-from zephon_core.sources.files import Access
 from zephon_core.sources.registry import SourceArgs, source_format
 
 HERE = Path(__file__).resolve().parent / "golden"

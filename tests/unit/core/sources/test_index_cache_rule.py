@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from zephon_core.sources.files import Access, FileStat
+from zephon_core.io.files import Access, FileStat
 from zephon_core.sources.indexed_file import IndexedFile
 from zephon_core.sources.jsonl import JsonlFile
 from zephon_core.sources.webdataset import WebDatasetFile

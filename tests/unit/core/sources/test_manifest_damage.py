@@ -11,8 +11,8 @@ import pytest
 from support.core_fixtures import zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
 
 from zephon_core import DataError, JsonlSource
+from zephon_core.io.files import INDEX_DIR, MANIFEST, Access
 from zephon_core.sources import manifest
-from zephon_core.sources.files import INDEX_DIR, MANIFEST, Access
 
 
 def indexed(folder: Path) -> JsonlSource:

@@ -17,9 +17,9 @@ from support.core_fixtures import zephon_cache_dir  # noqa: F401  (autouse: a pr
 
 from zephon_core import ArrowSource, MdsSource, MegatronIndexedSource, WebDatasetSource
 from zephon_core.cli import main
+from zephon_core.io.files import Access
 from zephon_core.sources import manifest
 from zephon_core.sources.arrow import ArrowFile
-from zephon_core.sources.files import Access
 from zephon_core.sources.megatron import MegatronIndexedFile
 from zephon_core.sources.webdataset import WebDatasetFile
 

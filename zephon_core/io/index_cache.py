@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from zephon_core.sources.atomic import write_atomically
+from zephon_core.io.atomic import write_atomically
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:

@@ -18,7 +18,7 @@ from support.core_fixtures import epoch_exactly_once, zephon_cache_dir  # noqa: 
 from support.s3_proxy import S3Proxy, every
 
 from zephon_core import DataError, MegatronIndexedSource, Pipeline, StaticMixture
-from zephon_core.sources.files import Access
+from zephon_core.io.files import Access
 
 indexed_dataset = pytest.importorskip("megatron.core.datasets.indexed_dataset")
 torch = pytest.importorskip("torch")

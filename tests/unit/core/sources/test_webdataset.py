@@ -21,8 +21,8 @@ from support.s3_proxy import S3Proxy, every
 
 from zephon_core import ConfigError, DataError, Pipeline, StaticMixture, WebDatasetSource
 from zephon_core.cli import main
+from zephon_core.io.files import Access
 from zephon_core.sources import manifest
-from zephon_core.sources.files import Access
 from zephon_core.sources.registry import guess_format
 from zephon_core.sources.webdataset import WebDatasetFile, member_of
 

@@ -1,4 +1,4 @@
-"""One atomic write (sources/atomic.py) for the index cache, the shard cache, the manifest and the
+"""One atomic write (io/atomic.py) for the index cache, the shard cache, the manifest and the
 aggregation folder: a reader sees the old file, no file or the whole new one, and a failure midway
 leaves neither a partial file nor a temporary one."""
 
@@ -10,8 +10,8 @@ import stat
 import fsspec
 import pytest
 
-from zephon_core.sources.atomic import TMP_PREFIX, LocalFiles, put_atomically, write_atomically
-from zephon_core.sources.shard_cache import ShardCache
+from zephon_core.io.atomic import TMP_PREFIX, LocalFiles, put_atomically, write_atomically
+from zephon_core.io.shard_cache import ShardCache
 
 
 class Boom(Exception):

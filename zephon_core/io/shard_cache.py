@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from zephon_core.io import index_cache
+from zephon_core.io.atomic import write_atomically
 from zephon_core.metrics import COUNTERS
-from zephon_core.sources import index_cache
-from zephon_core.sources.atomic import write_atomically
 
 DEFAULT_MAX_BYTES = 64 << 30
 ENV_MAX_BYTES = "ZEPHON_SHARD_CACHE_BYTES"

@@ -21,14 +21,14 @@ import gzip
 import hashlib
 import io
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, Any, Protocol
 
 import fsspec
 
 from zephon_core.errors import DataError
-from zephon_core.sources.base import content_fingerprint, is_local, sample_digest, sample_spans
-from zephon_core.sources.files import Access, FileStat
-from zephon_core.sources.remote import (
+from zephon_core.io.files import Access, FileStat
+from zephon_core.io.fs import content_fingerprint, is_local, sample_digest, sample_spans
+from zephon_core.io.remote import (
     LocalBytes,
     RemoteBytes,
     ScanStream,
@@ -37,12 +37,20 @@ from zephon_core.sources.remote import (
     fetch_range,
     fetch_whole,
 )
-from zephon_core.sources.shard_cache import ShardCache
-
-if TYPE_CHECKING:
-    from zephon_core.sources.manifest import ShardMeta
+from zephon_core.io.shard_cache import ShardCache
 
 ByteReader = LocalBytes | RemoteBytes
+
+
+class KnownSample(Protocol):
+    """A file's fingerprint sample recorded before (a manifest entry): read instead of the file."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def sample_blake2b(self) -> str: ...
+
 
 _BLOCK = 1 << 22
 SMALL_OBJECT_BYTES = 2 << 20  # a plain object this small is fetched whole at start-up, in one request
@@ -152,7 +160,7 @@ def small_object(fs: fsspec.AbstractFileSystem, fspath: str, stat: FileStat | No
 
 
 def file_sample(fs: fsspec.AbstractFileSystem, fspath: str, stat: FileStat | None, access: Access,
-                known: ShardMeta | None = None) -> tuple[dict[str, Any], bytes | None]:
+                known: KnownSample | None = None) -> tuple[dict[str, Any], bytes | None]:
     """A file's fingerprint sample (``size``, ``sample_blake2b``) and, for a small object on a store, its whole bytes.
 
     ``known`` (its manifest entry) answers without a request; a small object is fetched whole in one

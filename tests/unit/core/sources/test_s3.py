@@ -12,7 +12,7 @@ from support.core_fixtures import CharTokenizer, zephon_cache_dir  # noqa: F401 
 from support.s3_proxy import S3Proxy, every, through
 
 from zephon_core import DataError, JsonlSource, Pipeline, StaticMixture
-from zephon_core.sources.files import Access
+from zephon_core.io.files import Access
 
 
 def upload(ep, prefix: str, shards: list[list[str]], suffix: str = ".jsonl") -> list[str]:

@@ -7,7 +7,7 @@ import random
 import fsspec
 import pytest
 
-from zephon_core.sources.remote import PAGE_BYTES, PagePool, RemoteBytes, iter_bytes
+from zephon_core.io.remote import PAGE_BYTES, PagePool, RemoteBytes, iter_bytes
 
 
 def _objects(tmp_path, sizes: list[int]) -> list[tuple[str, bytes]]:

@@ -21,7 +21,7 @@ from typing import IO, Protocol
 
 import fsspec
 
-from zephon_core.sources.base import is_local
+from zephon_core.io.fs import is_local
 
 TMP_PREFIX = ".tmp-"  # a file being written; folders whose files are listed skip these
 MODE = 0o644  # every published file, whatever the umask

@@ -1,7 +1,7 @@
 """Sources at corpus scale: many files (globs, folders, lists), compressed JSONL, index manifests,
 block shuffle, the shard cache; the same data contract as a one-file source.
 
-Object-store behaviour (retries, coalescing, faults) is in test_sources_s3.py.
+Object-store behaviour (retries, coalescing, faults) is in test_s3.py.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from zephon_core import (
     StaticMixture,
 )
 from zephon_core.curriculum.order import BlockShuffle
+from zephon_core.io.files import list_files, manifest_scope
+from zephon_core.io.shard_cache import ShardCache
 from zephon_core.sources import manifest
-from zephon_core.sources.files import list_files, manifest_scope
 from zephon_core.sources.jsonl import SUFFIXES
-from zephon_core.sources.shard_cache import ShardCache
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -276,7 +276,7 @@ def test_the_zstd_extra_brings_zstandard():
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(dep.startswith("zstandard") for dep in extras["zstd"])
-    from zephon_core.sources import byte_access
+    from zephon_core.io import byte_access
 
     assert "zephon-suite[zstd]" in Path(byte_access.__file__).read_text()
 

@@ -27,10 +27,10 @@ from support.s3_proxy import S3Proxy, every, through
 
 from zephon_core import ArrowSource, DataError, ParquetSource, Pipeline, StaticMixture
 from zephon_core.cli import main
+from zephon_core.io.byte_access import SMALL_OBJECT_BYTES
 from zephon_core.recipe import load_recipe
 from zephon_core.sources import manifest
 from zephon_core.sources.arrow import ArrowFile
-from zephon_core.sources.byte_access import SMALL_OBJECT_BYTES
 from zephon_core.sources.registry import guess_format
 
 datasets.disable_progress_bars()

@@ -12,10 +12,10 @@ from support.core_fixtures import CharTokenizer, zephon_cache_dir  # noqa: F401 
 
 from zephon_core import ConfigError
 from zephon_core.cli import main
+from zephon_core.io.files import FileStat
+from zephon_core.io.fs import content_fingerprint, default_name, open_fs
 from zephon_core.recipe import load_recipe
 from zephon_core.sources import JsonlSource, MegatronIndexedSource, ParquetSource, Source, SourceArgs, TokenArraySource
-from zephon_core.sources.base import content_fingerprint, default_name, open_fs
-from zephon_core.sources.files import FileStat
 from zephon_core.sources.manifest import MANIFEST, ShardMeta
 from zephon_core.sources.registry import formats, guess_format, register_format, source_format, unregister_format
 from zephon_core.sources.sharded import ShardedSource
@@ -49,7 +49,7 @@ class LinesSource(ShardedSource):
     pretokenized = False
 
     def __init__(self, path: str | Sequence[str], *, name: str | None = None, access: Any = None) -> None:
-        from zephon_core.sources.files import Access
+        from zephon_core.io.files import Access
 
         self._init_files(path, name, None, access or Access())
 
