@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from zephon_core.checkpoint.state import LaneState, make_state, parse_lanes, verify_checksum
+from zephon_core.curriculum.journal import first_difference, journal_of
 from zephon_core.errors import StateError
 
 
@@ -41,6 +42,7 @@ def merge_parsed(
     owner: dict[int, int] = {}
     for n, (st, lanes) in enumerate(zip(states, lanes_of)):
         if st["fingerprint"] != first["fingerprint"]:
+            _check_journal(first["definition"], st["definition"], labels[0], labels[n])
             raise StateError(f"{labels[n]} has a different data definition than {labels[0]}: {'; '.join(diff_definitions(first['definition'], st['definition'])[:3])}")
         if st["canonical_replicas"] != first["canonical_replicas"]:
             raise StateError(f"{labels[n]} has canonical_replicas={st['canonical_replicas']}, {labels[0]} has {first['canonical_replicas']}")
@@ -55,6 +57,18 @@ def merge_parsed(
     degrees = [st["topology"].get("dp_degree") for st in states if isinstance(st["topology"].get("dp_degree"), int)]
     topo = {"dp_degree": max(degrees) if degrees else None, "world_size": world_size or first["topology"].get("world_size")}
     return make_state(first["definition"], first["canonical_replicas"], topo, merged), merged
+
+
+def _check_journal(leader: Mapping[str, Any], other: Mapping[str, Any], leader_label: str, label: str) -> None:
+    """Refuse a state whose mixing journal differs from the leader's, naming the first differing decision."""
+    a, b = journal_of(leader), journal_of(other)
+    if a is None and b is None:
+        return
+    differs = first_difference(a, b)
+    if differs is not None:
+        raise StateError(f"{label} decided the steered mixture differently from {leader_label}: {differs} "
+                         f"(journal digests {a.digest()[:12] if a else 'none'} vs {b.digest()[:12] if b else 'none'}); "
+                         "every rank must decide on the same reduced figures")
 
 
 def diff_definitions(a: Any, b: Any, path: str = "") -> list[str]:

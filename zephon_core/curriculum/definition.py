@@ -5,7 +5,8 @@
 mixture's work source (``static_mixture`` or ``staged_mixture``) becomes a
 ``Curriculum`` in which a static mixture reads as one document-weighted stage
 from chunk 0 (the same chunks: ``mixture_base``), and every operator a
-``dict`` found by its ``op``. Malformed input raises a one-line ``StateError``
+``dict`` found by its ``op``; a steered mixture's ``journal`` (``curriculum.journal``)
+is read too. Malformed input raises a one-line ``StateError``
 naming the field (``definition.work_source.stages[1].weights``); a work source
 of another kind parses to None. Nothing here reads data or builds a curriculum,
 except ``StageEntry.stage()``, the ``Stage`` a stage was given as.
@@ -18,13 +19,15 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_core.curriculum.journal import Journal, parse_journal
 from zephon_core.curriculum.mixture_base import EXHAUSTION_POLICIES, largest_remainder
 from zephon_core.curriculum.stages import WEIGHT_BY, Stage
 from zephon_core.errors import StateError
 
 MIXTURES = ("static_mixture", "staged_mixture")
 _COMMON = {"kind", "seed", "chunk_size", "exhausted", "shuffle", "sources"}
-_KEYS = {"static_mixture": (_COMMON, {"order"}), "staged_mixture": (_COMMON | {"stages"}, {"order", "token_estimates"})}
+_KEYS = {"static_mixture": (_COMMON, {"order"}),
+         "staged_mixture": (_COMMON | {"stages"}, {"order", "token_estimates", "journal"})}
 _STAGE = {"name", "start_chunk", "start", "weight_by", "weights", "per_chunk"}
 _STARTS = ({"chunk"}, {"tokens"}, {"step", "tokens_per_step"})
 _DATA = ("start_chunk", "weight_by", "weights", "per_chunk")  # what a static mixture's one stage is compared on
@@ -119,6 +122,7 @@ class Curriculum:
     stages: tuple[StageEntry, ...]
     order: dict[str, Any] | None = None
     token_estimates: dict[str, Any] | None = None
+    journal: Journal | None = None  # a steered mixture's decisions (its stages from ``mix0`` on)
 
     @property
     def static(self) -> bool:
@@ -232,9 +236,10 @@ def parse_curriculum(work_source: Any, where: str = "definition.work_source") ->
         stages = tuple(_stage(st, f"{where}.stages[{i}]") for i, st in enumerate(ws["stages"]))
     order, estimates = ws.get("order"), ws.get("token_estimates")
     seed = _int(ws["seed"], f"{where}.seed")
+    journal = parse_journal(ws["journal"], f"{where}.journal") if "journal" in ws else None
     return Curriculum(kind, seed, chunk_size, ws["exhausted"], ws["shuffle"], sources, stages,
                       None if order is None else dict(_map(order, f"{where}.order")),
-                      None if estimates is None else dict(_map(estimates, f"{where}.token_estimates")))
+                      None if estimates is None else dict(_map(estimates, f"{where}.token_estimates")), journal)
 
 
 def _source(value: Any, where: str, weighted: bool) -> SourceEntry:

@@ -18,7 +18,7 @@ from zephon_core.metrics import COUNTERS
 from zephon_core.pipeline.engine import Engine, OperatorChain
 from zephon_core.pipeline.options import OPTION_NAMES, Identity, Options, default_pipelines_per_node, resolve_identity
 from zephon_core.pipeline.plan import Plan, render
-from zephon_core.pipeline.resume import Verdict, resume_verdict
+from zephon_core.pipeline.resume import Verdict, last_read_chunk, resume_verdict
 from zephon_core.pipeline.stats import PipelineStats, RunFigures, pipeline_stats, run_figures
 
 
@@ -208,6 +208,35 @@ class Pipeline:
         merged: dict[str, Any] = self._aggregator.checkpoint(state)
         self._run = run_figures(self.work_source, parse_lanes(merged))
         return merged
+
+    def read_frontier(self) -> int:
+        """One past the last global chunk the rows this pipeline's lanes delivered depend on (0: none yet).
+
+        A function of the delivered positions alone (read-ahead and prefetch never count): a curriculum may
+        change from this chunk on without changing anything delivered (``pipeline.resume``).
+        """
+        C = self._identity.canonical_replicas
+        lanes = self._lane_states(copy=False)
+        return max((last_read_chunk(lane, ls.cursor, C, self.work_source, self._chain) + 1
+                    for lane, ls in lanes.items()), default=0)
+
+    def with_work_source(self, work_source: WorkSource) -> Pipeline:
+        """This pipeline's operators and options over another work source (not started, nothing restored)."""
+        return Pipeline(work_source, _ops=self._ops, _options=self._opts)
+
+    def switched(self, work_source: WorkSource) -> Pipeline:
+        """A pipeline over ``work_source`` that continues from this one's delivered lanes; this one is closed.
+
+        What was produced ahead (prefetch, read-ahead) is dropped and read again under ``work_source``. The
+        new curriculum must differ only from a chunk no lane has read: else ``StateError`` (``restore``).
+        """
+        nxt = Pipeline(work_source, _ops=self._ops,
+                       _options=replace(self._opts, canonical_replicas=self._identity.canonical_replicas))
+        nxt._aggregator = self._aggregator  # the checkpoint rounds continue
+        nxt.restore(self.local_state())
+        nxt._run = self._run  # the run-wide figures of the last merged state still hold
+        self.close()
+        return nxt
 
     def stats(self) -> PipelineStats:
         """A snapshot of what this pipeline delivered and what it cost (``pipeline.stats``); reads no data.

@@ -52,11 +52,13 @@ def run_phase(
     state: dict[str, Any] | None,
     on_step: Callable[[Phase], None] | None = None,
     on_batch: Callable[[int, Batch], None] | None = None,
+    after_step: Callable[[list[Pipeline]], None] | None = None,
 ) -> tuple[list[StepRecord], dict[str, Any]]:
     """Run ``phase.steps`` global steps (None: to the end of the data) on ``phase.dp_degree`` groups; returns the
     records and the merged state.
 
-    ``on_batch(dp_group_id, batch)`` sees every batch as its group trains on it (to write an audit log, say).
+    ``on_batch(dp_group_id, batch)`` sees every batch as its group trains on it (to write an audit log, say);
+    ``after_step(pipelines)`` gets every group's pipeline after each global step (a steered mixture decides there).
     """
     G = phase.dp_degree
     if batches_per_step % G:
@@ -77,6 +79,8 @@ def run_phase(
             records.append(record)
             if on_step is not None:
                 on_step(phase)
+            if after_step is not None:
+                after_step(pipelines)
         merged = merge_states([p.checkpoint() for p in pipelines])
         return records, merged
     finally:
