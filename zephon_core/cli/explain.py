@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from zephon_core.cli.options import add_shape_options, load, pipeline
+from zephon_core.cli.options import add_shape_options, journal_option, load, pipeline
 
 
 def run(a: argparse.Namespace) -> int:
@@ -49,5 +49,6 @@ def register(sub: Any) -> None:
     p.add_argument("--per-node", type=int, help="pipelines per node (default LOCAL_WORLD_SIZE or 1)")
     p.add_argument("--canonical-replicas", type=int)
     _plot_options(p)
+    journal_option(p)
     add_shape_options(p)
     p.set_defaults(fn=run)

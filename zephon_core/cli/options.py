@@ -38,11 +38,24 @@ def load(path: str) -> Any:
     return load_recipe(path)
 
 
+def journal_option(p: argparse.ArgumentParser) -> None:
+    """``--journal STATE``: replay a steered run's mixing journal over the recipe's mixture (docs/mixing.md)."""
+    p.add_argument("--journal", metavar="STATE", help="a checkpoint of a steered run (docs/mixing.md): the recipe's "
+                   "mixture with that state's mixing journal replayed, the data the run trained on")
+
+
 def pipeline(recipe: Any, a: argparse.Namespace, **options: Any) -> Any:
-    """The pipeline ``recipe`` defines, shaped as the command line says; ``options`` go to ``Pipeline.options``."""
+    """The pipeline ``recipe`` defines, shaped as the command line says; ``options`` go to ``Pipeline.options``;
+    with ``--journal``, over the mixture that state's journal steered."""
     from zephon_core.verify.shape import build
 
-    return build(recipe, shape_of(a), **options)
+    p = build(recipe, shape_of(a), **options)
+    if getattr(a, "journal", None):
+        from zephon_core.pipeline.mixing import replay
+        from zephon_core.report.inputs import read_state
+
+        p = replay(p, read_state(a.journal))
+    return p
 
 
 def is_recipe(path: str) -> bool:

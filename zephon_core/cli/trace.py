@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from zephon_core.cli.options import add_shape_options, load, pipeline, progress_options
+from zephon_core.cli.options import add_shape_options, journal_option, load, pipeline, progress_options
 from zephon_core.cli.progress import Progress
 from zephon_core.errors import CliError
 from zephon_core.verify import curriculum_audit
@@ -57,5 +57,6 @@ def register(sub: Any) -> None:
     p.add_argument("--canonical-replicas", type=int)
     p.add_argument("--batches-per-step", type=int, help="default: canonical_replicas")
     progress_options(p)
+    journal_option(p)
     add_shape_options(p)
     p.set_defaults(fn=run)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from zephon_core.cli.options import add_shape_options, load, pipeline, progress_options
+from zephon_core.cli.options import add_shape_options, journal_option, load, pipeline, progress_options
 from zephon_core.cli.progress import Progress
 from zephon_core.errors import CliError
 from zephon_core.verify import curriculum_audit, simulate
@@ -68,5 +68,6 @@ def register(sub: Any) -> None:
                    "(e.g. with a stage appended); "
                    "the reference then runs RECIPE2 throughout")
     progress_options(p)
+    journal_option(p)
     add_shape_options(p)
     p.set_defaults(fn=run)

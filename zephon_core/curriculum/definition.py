@@ -194,6 +194,11 @@ class Definition:
         batch = self.op("batch")
         return batch.get("batch_size") if batch else None
 
+    @property
+    def journal(self) -> Journal | None:
+        """A steered mixture's journal of decisions (None: the mixture is the recipe's alone)."""
+        return self.work_source.journal if self.work_source is not None else None
+
     def row_shape(self) -> tuple[int, int] | None:
         """Rows per batch and tokens per row (``seq_len + 1``); None without both ``pack`` and ``batch``."""
         if self.seq_len is None or self.batch_size is None:

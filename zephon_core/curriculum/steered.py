@@ -36,6 +36,22 @@ class JournaledMixture(StagedMixture):
     def definition(self) -> dict[str, Any]:
         return {**super().definition(), "journal": self.journal.to_json()}
 
+    def describe(self) -> list[str]:
+        return [*super().describe(), *describe_journal(self.journal)]
+
+
+def describe_journal(journal: Journal, most: int = 20) -> list[str]:
+    """The journal as ``explain`` and ``report`` print it: a header, then a line per decision (the last ``most``)."""
+    shown = journal.decisions[-most:]
+    out = [f"mixing journal: {len(journal.decisions)} decision(s), weight_by={journal.weight_by}, "
+           f"digest {journal.digest()[:12]}" + (f"; the last {most}:" if len(shown) < len(journal.decisions) else "")]
+    first = len(journal.decisions) - len(shown)
+    for n, d in enumerate(shown, first):
+        params = ", ".join(f"{k}={v}" for k, v in d.params.items() if k != "entries" and v is not None)
+        out.append(f"  {Journal.stage_name(n)}: {d.summary()[:-1]}{', ' + params if params else ''}), "
+                   f"inputs {d.inputs[:12]}")
+    return out
+
 
 def recipe_stages(base: WorkSource) -> list[Stage]:
     """The stages of the mixture ``base`` as given (a static mixture: its one stage named ``stage0``)."""

@@ -119,6 +119,11 @@ class Pipeline:
     def identity(self) -> Identity:
         return self._identity
 
+    @property
+    def operators(self) -> tuple[Op, ...]:
+        """The operators, in order."""
+        return self._ops
+
     def definition(self) -> dict[str, Any]:
         """Everything that defines the data; its hash is the state's fingerprint."""
         return {"work_source": self.work_source.definition(), "ops": [op.definition() for op in self._ops]}

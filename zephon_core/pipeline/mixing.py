@@ -24,12 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from zephon_core.batch import Batch
+from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.curriculum.controllers import MixingController, MixingInputs, bounded, controller_from
 from zephon_core.curriculum.definition import parse_definition
 from zephon_core.curriculum.journal import DENOMINATOR, Decision, Journal, quantize
 from zephon_core.curriculum.steered import with_journal
-from zephon_core.curriculum.token_index import TokenCounter
+from zephon_core.curriculum.token_index import DocumentTokens, TokenCounter
+from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError
+from zephon_core.lane.docops import token_counter
+from zephon_core.lane.ops import TokenizeOp
 from zephon_core.pipeline.builder import Pipeline
 from zephon_core.validation import require_choice, require_int
 
@@ -102,6 +106,26 @@ class LocalFigures:
         return LocalFigures(max(p.frontier for p in parts), tuple(map(sum, zip(*(p.delivered_tokens for p in parts)))))
 
 
+def counter_of(pipeline: Pipeline) -> TokenCounter | None:
+    """Counts a document's tokens as ``pipeline``'s tokenize operator makes them (None: it has none)."""
+    op = next((op for op in pipeline.operators if isinstance(op, TokenizeOp)), None)
+    return None if op is None else token_counter(op.tokenizer, bos_id=op.bos_id, eos_id=op.eos_id)
+
+
+def replay(pipeline: Pipeline, state: Mapping[str, Any], token_counter: TokenCounter | None = None) -> Pipeline:
+    """``pipeline`` (built from the run's recipe) over its mixture with ``state``'s journal replayed: the data
+    the steered run trained on (``pipeline`` itself when the state holds no journal). Nothing is restored."""
+    journal = parse_definition(state["definition"]).journal
+    if journal is None or not journal.decisions:
+        return pipeline
+    ws = with_journal(pipeline.work_source, journal, token_counter or counter_of(pipeline))
+    differs = diff_definitions(state["definition"]["work_source"], ws.definition(), "work_source")
+    if differs:
+        raise ConfigError(f"the recipe's mixture with the state's journal replayed is not the state's: {differs[0]}; "
+                          "use the recipe of the run that wrote the state")
+    return pipeline.with_work_source(ws)
+
+
 class MixingLoader:
     """A ``Pipeline`` (iterate it, ``checkpoint()``, ``restore()``) whose mixture ``mixing`` steers.
 
@@ -117,6 +141,8 @@ class MixingLoader:
             raise ConfigError("mixing needs a mixture over distinctly named sources (give every source a name)")
         self.pipeline = pipeline
         self.mixing = mixing
+        self._counter = mixing.token_counter or counter_of(pipeline)
+        self._tokens: Sequence[DocumentTokens] | None = None
         self.journal = Journal((), mixing.weight_by)
         self._iter: Iterator[Batch] | None = None
         self._since_step = 0
@@ -142,14 +168,12 @@ class MixingLoader:
     def restore(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state`` on any data-parallel degree: its journal is replayed, not decided again, and the
         controller continues from the state journaled with the last decision it made."""
-        curriculum = parse_definition(state["definition"]).work_source
-        journal = curriculum.journal if curriculum is not None else None
+        journal = parse_definition(state["definition"]).journal
         if journal is not None and journal.decisions:
             if journal.weight_by != self.mixing.weight_by:
                 raise ConfigError(f"mixing.weight_by is {self.mixing.weight_by!r} but the checkpoint's journal weighs "
                                   f"by {journal.weight_by!r}; set weight_by = {journal.weight_by!r}")
-            ws = with_journal(self.base, journal, self.mixing.token_counter)
-            self.pipeline = self.pipeline.with_work_source(ws)
+            self.pipeline = self.pipeline.with_work_source(self._steered(journal))
             self.journal = journal
             last = journal.decisions[-1]
             self._since_step = last.step
@@ -212,9 +236,16 @@ class MixingLoader:
         decision = Decision(step, self._start_chunk(figures.frontier), dict(zip(self.names, weights)),
                             m.controller.name, m.controller.params(), inputs.digest(), m.controller.state())
         journal = self.journal.appended(decision)
-        self.pipeline = self.pipeline.switched(with_journal(self.base, journal, m.token_counter))
+        self.pipeline = self.pipeline.switched(self._steered(journal))
         self.journal, self._iter = journal, None
         return decision
+
+    def _steered(self, journal: Journal) -> WorkSource:
+        """The recipe's mixture with ``journal`` replayed; token counts are measured once a run."""
+        ws = with_journal(self.base, journal, self._counter, self._tokens)
+        schedule = getattr(ws, "schedule", None)
+        self._tokens = schedule.tokens if schedule is not None else None
+        return ws
 
     def _start_chunk(self, frontier: int) -> int:
         start = frontier + self.mixing.margin_chunks

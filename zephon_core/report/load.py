@@ -18,6 +18,7 @@ from typing import Any
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.curriculum.definition import parse_definition
+from zephon_core.curriculum.steered import describe_journal
 from zephon_core.errors import CliError
 from zephon_core.report.history import (
     Curriculum,
@@ -100,6 +101,9 @@ def _run_of_checkpoints(paths: list[tuple[int | None, str]], a: ReportRequest) -
     in_stage = [0] * len(c.stages)
     for lane, ls in lanes.items():
         in_stage[c.stage_of_chunk(lane + ls.cursor.last_chunk * C)] += 1
+    journal = parse_definition(state["definition"]).journal
+    if journal is not None:
+        notes.extend(describe_journal(journal, most=10))
     missing = C - len(lanes)
     if missing:
         notes.append(
