@@ -6,6 +6,7 @@ refused at the merge."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import numpy as np
@@ -228,3 +229,73 @@ def test_a_malformed_journal_is_refused_naming_the_field():
     bad["decisions"][0]["weights"]["s1"] = 5999
     with pytest.raises(StateError, match=r"journal.decisions\[0\].weights: must be integers summing to 10000"):
         parse_journal(bad)
+
+
+def test_the_checkpoint_aggregation_names_a_rank_that_decided_otherwise(tmp_path):
+    """Two ranks (one per data-parallel group) through the real aggregation: equal decisions merge, across the
+    pipeline rebuilt at each decision; a rank whose second decision differs is refused, named with it."""
+    import threading
+
+    from zephon_core import AggregationError
+
+    schedule = [(2, dict(zip(NAMES, [1, 3, 6]))), (6, dict(zip(NAMES, [5, 1, 1])))]
+    loaders = [MixingLoader(pipe(base(), 2, r).options(world_size=2, global_rank=r, aggregate_dir=str(tmp_path),
+                                                      run_id="run", aggregate_timeout_s=8),
+                            Mixing(ScheduleController(schedule), interval_steps=1)) for r in range(2)]
+
+    def steps(first, last):
+        for step in range(first, last + 1):
+            for ld in loaders:
+                next(ld), next(ld)
+                ld.record_loss(*loss_of(step))
+            figures = LocalFigures.reduced([ld.local_figures() for ld in loaders])
+            for ld in loaders:
+                ld.decide(step, figures)
+
+    def checkpoint_all():
+        out: list = [None, None]
+
+        def run(r):
+            try:
+                out[r] = loaders[r].checkpoint()
+            except AggregationError as e:
+                out[r] = e
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return out
+
+    steps(1, 4)
+    first = checkpoint_all()
+    assert isinstance(first[0], dict) and first[0] == first[1]
+    assert len(parse_definition(first[0]["definition"]).journal.decisions) == 1
+    other = loaders[1].mixing.controller
+    assert isinstance(other, ScheduleController)
+    other.entries[1] = (6, dict(zip(NAMES, [1, 1, 5])))  # rank 1 now decides otherwise at step 6
+    steps(5, 8)
+    second = checkpoint_all()
+    leader = str(second[0])
+    assert isinstance(second[0], AggregationError) and "\n" not in leader
+    assert re.search(r"global rank 1 [^:]*decided the steered mixture differently from global rank 0[^:]*: "
+                     r"decision 1: step 6 -> chunk \d+: s0 0.7143, s1 0.1429, s2 0.1428 \(schedule\) vs step 6",
+                     leader), leader
+    for ld in loaders:
+        ld.close()
+
+
+def test_an_interval_in_tokens_counts_the_loss_tokens_since_the_last_decision():
+    run = MixingLoader(pipe(base()), Mixing(IdentityController(), interval_tokens=70))
+    due = []
+    for step in range(1, 9):
+        run.record_loss(*loss_of(step))  # 30 loss tokens a step
+        due.append(run.due(step))
+        if due[-1]:
+            assert run.decide(step) is None  # identity without weights keeps the recipe's: nothing journaled
+    assert due == [False, False, True, False, False, True, False, False]
+    assert not run.journal.decisions
+    with pytest.raises(ConfigError, match="record_loss: one figure per source"):
+        run.record_loss([1.0], [1])
+    run.close()
