@@ -41,6 +41,14 @@ A staged curriculum names its sources and gives the weights per stage
     start_step = 90000           # or start_tokens = ...
     weights = { web = 0.4, code = 0.3, math = 0.3 }
 
+A ``[mixing]`` table steers the mixture by the run's losses (``docs/mixing.md``):
+
+    [mixing]
+    controller = "odm"           # or "identity" (weights = {...}), "schedule" (schedule = "file.toml")
+    interval_steps = 500         # or interval_tokens = ...
+    min_share = 0.05
+    max_change = 0.1
+
 The schema is an OmegaConf structured config: an unknown key, a wrong type or
 a missing value is an error that names the file and the key.
 """
@@ -49,7 +57,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -62,6 +70,7 @@ from zephon_core.lane.docops import token_counter
 from zephon_core.lane.ops import PACK_MODES, RUNNERS, PackOp
 from zephon_core.lane.tokenizer_file import load_tokenizer
 from zephon_core.pipeline import Pipeline
+from zephon_core.pipeline.mixing import Mixing
 from zephon_core.sources import Source
 from zephon_core.sources.registry import DEFAULT_FORMAT, FileSource, SourceArgs, source_format
 from zephon_core.validation import require_choice, require_int, require_positive_number
@@ -118,6 +127,22 @@ class StageSpec:
 
 
 @dataclass
+class MixingSpec:
+    """``[mixing]``: a mixture the run steers by its losses (``pipeline.mixing.Mixing.from_table``)."""
+
+    controller: str = "identity"
+    interval_steps: Optional[int] = None
+    interval_tokens: Optional[int] = None
+    min_share: float = 0.0
+    max_change: float = 1.0
+    margin_chunks: int = 0
+    weight_by: str = "tokens"
+    weights: Optional[dict[str, float]] = None  # identity
+    schedule: Optional[str] = None  # schedule: a TOML file of [[decisions]], relative to the recipe
+    alpha: Optional[float] = None  # odm
+
+
+@dataclass
 class RecipeSpec:
     sources: list[SourceSpec] = field(default_factory=list)
     stages: list[StageSpec] = field(default_factory=list)
@@ -138,6 +163,7 @@ class RecipeSpec:
     aggregate: AggregateSpec = field(default_factory=AggregateSpec)
     execution: ExecutionSpec = field(default_factory=ExecutionSpec)
     standalone: Optional[StandaloneSpec] = None
+    mixing: Optional[MixingSpec] = None
 
 
 class Recipe:
@@ -171,6 +197,7 @@ class Recipe:
         if len(kinds) > 1:
             raise self._err("sources", "mixes text and pretokenized sources; use one kind per recipe")
         self._check_stages()
+        self.mixing()  # a wrong key, a missing schedule file: refused at load
         require_choice(s.exhausted, f"{self.path}: exhausted", EXHAUSTION_POLICIES)
         require_choice(s.pack_mode, f"{self.path}: pack_mode", PACK_MODES)
         try:
@@ -209,6 +236,16 @@ class Recipe:
     def stages(self) -> list[Stage]:
         """The ``[[stages]]`` as ``Stage`` objects (empty for a recipe without them)."""
         return [Stage(dict(st.weights), st.name, None, st.start_tokens, st.start_step, st.weight_by or self.spec.weight_by) for st in self.spec.stages]
+
+    def mixing(self, token_counter: TokenCounter | None = None) -> Mixing | None:
+        """The ``[mixing]`` table as ``Mixing`` (None without one): wrap the built pipeline in a ``MixingLoader``."""
+        if self.spec.mixing is None:
+            return None
+        table = {k: v for k, v in asdict(self.spec.mixing).items() if v is not None}
+        try:
+            return Mixing.from_table(table, "mixing", self._folder, token_counter)
+        except ConfigError as e:
+            raise ConfigError(f"{self.path}: {e}") from None
 
     def tokens_per_step(self, seq_len: int | None) -> int | None:
         """Tokens one optimizer step packs: global_batch_size rows of seq_len + 1 (None when either is unknown)."""

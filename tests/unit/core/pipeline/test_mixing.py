@@ -299,3 +299,23 @@ def test_an_interval_in_tokens_counts_the_loss_tokens_since_the_last_decision():
     with pytest.raises(ConfigError, match="record_loss: one figure per source"):
         run.record_loss([1.0], [1])
     run.close()
+
+
+def test_a_recipe_mixing_table_is_checked_at_load_and_builds_the_mixing(tmp_path):
+    from zephon_core.recipe import load_recipe
+
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    head = '[[sources]]\npath = "a.jsonl"\nname = "a"\n\n'
+    (tmp_path / "mix.toml").write_text("[[decisions]]\nstep = 5\nweights = { a = 1 }\n")
+    (tmp_path / "ok.toml").write_text(head + '[mixing]\ncontroller = "schedule"\nschedule = "mix.toml"\n'
+                                      "interval_steps = 5\nmax_change = 0.2\n")
+    mixing = load_recipe(tmp_path / "ok.toml").mixing()
+    assert isinstance(mixing.controller, ScheduleController) and mixing.max_change == 0.2
+    for body, needle in [('controller = "odm"\ninterval_steps = 5\nweights = { a = 1 }\n',
+                          "mixing.weights is not a key of controller 'odm'"),
+                         ('controller = "schedule"\nschedule = "none.toml"\ninterval_steps = 5\n', "none.toml"),
+                         ('controller = "odm"\n', "give exactly one of interval_steps and interval_tokens")]:
+        (tmp_path / "bad.toml").write_text(head + "[mixing]\n" + body)
+        with pytest.raises(ConfigError, match=needle) as e:
+            load_recipe(tmp_path / "bad.toml")
+        assert str(e.value).startswith(str(tmp_path / "bad.toml")) and "\n" not in str(e.value)
