@@ -144,6 +144,11 @@ def test_realized_token_shares_follow_the_journal_weights():
     total = sum(tokens.values())
     for s, name in enumerate(NAMES):
         assert abs(tokens[s] / total - decision.weights[name] / DENOMINATOR) < 0.01
+    # What the lanes delivered under the decision's stage (their tallies, stage 1 after the recipe's one).
+    delivered = [sum(lane["tally"]["tokens"][1][s] for lane in state["lanes"].values()) for s in range(3)]
+    assert sum(delivered) > 20_000
+    for s, name in enumerate(NAMES):
+        assert abs(delivered[s] / sum(delivered) - decision.weights[name] / DENOMINATOR) < 0.01
 
 
 def test_a_rank_that_decided_differently_is_refused_at_the_merge_naming_it_and_the_decision():
