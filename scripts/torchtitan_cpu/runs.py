@@ -19,10 +19,11 @@ GLOBAL_BATCH, LOCAL_BATCH, SEQ_LEN = 8, 2, 128
 
 def launch(version: str, nproc: int, dump: Path, *, steps: int = 6, extra: list[str] = (), loader: dict | None = None,
            resume_from: Path | None = None, check: bool = True, timeout: float = 900,
-           metrics: bool = False) -> harness.RunResult:
+           metrics: bool = False, source_loss: bool = False) -> harness.RunResult:
     """One torchrun launch of llama3's debug model fed by Zephon; batches logged per rank.
 
     ``metrics``: Zephon's figures in TorchTitan's metrics, written to TensorBoard under ``dump/tb``.
+    ``source_loss`` (0.3, with ``metrics``): the training loss per source too (``zephon/loss/<source>``).
     """
     dump.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
@@ -35,8 +36,10 @@ def launch(version: str, nproc: int, dump: Path, *, steps: int = 6, extra: list[
     if metrics:
         common += ["--metrics.enable_tensorboard"]
     if harness.normalize_version(version) == "0.3":
-        overrides = ["zephon_torchtitan.zephon_loader=" + json.dumps({"global_batch_size": GLOBAL_BATCH, **opts})]
+        loader_kwargs = {"global_batch_size": GLOBAL_BATCH, **opts, **({"source_loss": True} if source_loss else {})}
+        overrides = ["zephon_torchtitan.zephon_loader=" + json.dumps(loader_kwargs)]
         overrides += ["zephon_torchtitan.zephon_metrics"] if metrics else []
+        overrides += ["zephon_torchtitan.zephon_source_loss"] if source_loss else []
         args = ["--module", "llama3", "--config", "llama3_debugmodel", "--hf_assets_path", str(ASSETS), "--dump_folder", str(dump),
                 "--override.imports", *overrides,
                 "--training.mixed_precision_param", "float32", "--debug.seed", "0", "--metrics.log_freq", "1",
@@ -59,6 +62,18 @@ def best_fit_recipe(folder: Path) -> Path:
     text = RECIPE.read_text().replace('"../corpus/', f'"{ASSETS}/')
     out = folder / "tt_train_best_fit.toml"
     out.write_text(text.replace("canonical_replicas = 4", 'canonical_replicas = 4\npack_mode = "best_fit"\npack_window = 4'))
+    return out
+
+
+def mixed_recipe(folder: Path) -> Path:
+    """``RECIPE``'s lanes, seed and shuffle over the three curriculum corpora (examples, reference, prose) mixed
+    2:1:1 by documents, written into ``folder``: a run whose loss can be told apart by source (``source_loss``)."""
+    sources = "".join(f'\n[[sources]]\nname = "{name}"\npath = "{ASSETS}/curriculum/{name}.jsonl"\nweight = {w}\n'
+                      for name, w in (("examples", 2.0), ("reference", 1.0), ("prose", 1.0)))
+    # Chunks of 4 documents (2, 1, 1): a lane changes source every few rows, so even a short run sees all three.
+    head = RECIPE.read_text().split("[[sources]]")[0].replace("chunk_size = 16", "chunk_size = 4")
+    out = folder / "tt_train_mixed.toml"
+    out.write_text(head + sources + "\n[shuffle]\nwindow = 4\nseed = 3\n")
     return out
 
 

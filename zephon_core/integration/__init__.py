@@ -11,6 +11,8 @@ live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds
 * ``rules``: the start-up rules of the elastic guarantee (``topology_problems``, ``refuse``), worded
   in the framework's ``Terms``;
 * ``metrics``: ``IntervalMetrics``, ``Pipeline.stats()`` as a framework's logger shows it every interval;
+* ``source_loss``: per-source training loss (``label_sources(batch)``: a source id per label token;
+  ``SourceLoss``, a step's reduced figures; ``add_source_loss_hook`` / ``publish_source_loss``);
 * ``batch_log``: the per-batch audit log (``ZEPHON_BATCH_LOG``): ``audited(batches, rank)`` is its one
   writer (``batch_of``: the batch, or a received batch's identity, ``LoggedBatch``, in what is taken),
   ``read_batch_log`` reads it;
@@ -53,6 +55,14 @@ from zephon_core.integration.rules import (
     topology_problems,
     warn_unknown_step_size,
 )
+from zephon_core.integration.source_loss import (
+    SourceLoss,
+    SourceLossHook,
+    add_source_loss_hook,
+    label_sources,
+    publish_source_loss,
+    source_loss_of,
+)
 from zephon_core.integration.state_readers import StateReader, StateReadError, load_state
 from zephon_core.io.atomic import write_atomically
 from zephon_core.lane.tokenizer_file import load_tokenizer
@@ -70,15 +80,19 @@ __all__ = [
     "LoggedBatch",
     "LoggedFigures",
     "Recipe",
+    "SourceLoss",
+    "SourceLossHook",
     "StartupPlan",
     "StateReadError",
     "StateReader",
     "Terms",
     "Topology",
+    "add_source_loss_hook",
     "audited",
     "bundled_configs",
     "console_line",
     "divisors",
+    "label_sources",
     "load_recipe",
     "load_state",
     "load_training_recipe",
@@ -88,11 +102,13 @@ __all__ = [
     "open_batch_log",
     "parse_lanes",
     "pipeline_options",
+    "publish_source_loss",
     "read_batch_log",
     "refuse",
     "startup_plan",
     "resolve_canonical_replicas",
     "resolve_coordination",
+    "source_loss_of",
     "topology_problems",
     "warn_unknown_step_size",
     "write_atomically",

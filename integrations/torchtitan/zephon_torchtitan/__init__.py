@@ -6,7 +6,8 @@ TorchTitan 0.3.x (Python recipes, overrides), on any recipe::
 
 optionally with ``zephon_torchtitan.zephon_validation_loader={"recipe": ...}`` for
 ``validator.dataloader`` and ``zephon_torchtitan.zephon_metrics`` for Zephon's figures in
-TorchTitan's metrics (TensorBoard, W&B, the console); or a whole recipe whose loader
+TorchTitan's metrics (TensorBoard, W&B, the console), with ``zephon_torchtitan.zephon_source_loss``
+and ``"source_loss": true`` for the training loss per source; or a whole recipe whose loader
 fields are ``--dataloader.*`` flags::
 
     --module zephon_torchtitan --config llama3_debugmodel_zephon
@@ -26,10 +27,17 @@ except ImportError:  # 0.2.x: use zephon_torchtitan.tt02
     pass
 else:
     from torchtitan.components.dataloader import BaseDataLoader
+    from torchtitan.components.loss import BaseLoss
     from torchtitan.components.metrics import MetricsProcessor
 
     from zephon_core.integration import IntegrationError
-    from zephon_torchtitan.tt03 import ZephonDataLoader, ZephonMetricsProcessor, ZephonTrainer
+    from zephon_torchtitan.tt03 import (
+        ZephonCrossEntropyLoss,
+        ZephonDataLoader,
+        ZephonMetricsProcessor,
+        ZephonTrainer,
+        with_source_loss,
+    )
 
     @override(target=BaseDataLoader.Config, fqns=["dataloader"], description="Zephon deterministic elastic loader")
     def zephon_loader(cfg: BaseDataLoader.Config, **kwargs: Any) -> ZephonDataLoader.Config:
@@ -56,5 +64,10 @@ else:
             )
         return derive(cfg, ZephonMetricsProcessor.Config)
 
-    __all__ = ["ZephonDataLoader", "ZephonMetricsProcessor", "ZephonTrainer", "zephon_loader", "zephon_metrics",
-               "zephon_validation_loader"]
+    @override(target=BaseLoss.Config, fqns=["loss"], description="Zephon's per-source training loss")
+    def zephon_source_loss(cfg: BaseLoss.Config) -> BaseLoss.Config:
+        """The job's cross entropy, also adding each token's loss to its source (the loader's ``source_loss``)."""
+        return with_source_loss(cfg)
+
+    __all__ = ["ZephonCrossEntropyLoss", "ZephonDataLoader", "ZephonMetricsProcessor", "ZephonTrainer", "zephon_loader",
+               "zephon_metrics", "zephon_source_loss", "zephon_validation_loader"]

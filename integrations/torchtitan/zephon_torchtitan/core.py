@@ -32,6 +32,7 @@ from zephon_torchtitan.settings import (
     DEFAULT_STATE_CAPACITY as DEFAULT_STATE_CAPACITY,  # re-exported beside the slot it sizes
 )
 from zephon_torchtitan.settings import Settings
+from zephon_torchtitan.source_loss import SourceLossTally
 
 #: TorchTitan's ignore index for labels (torchtitan.components.loss.IGNORE_INDEX).
 IGNORE_INDEX = -100
@@ -129,6 +130,7 @@ class ZephonStream:
         batches_per_step: int | None,
         validation: bool = False,
         run_id_suffix: str = "",
+        source_loss: bool = False,
     ) -> None:
         # Settings -> plan -> refuse -> build.
         facts = facts_of(dp_world_size=dp_world_size, dp_rank=dp_rank, local_batch_size=local_batch_size,
@@ -151,6 +153,9 @@ class ZephonStream:
         self.batches_per_step = facts.batches_per_step
         #: Live mode's lanes (``zephon_torchtitan.ft``): it cuts the batches, and checkpoints hold its committed lanes.
         self.live: Any = None
+        #: Per-source training loss (``source_loss``): the label source ids of the batches handed out.
+        self.source_loss = (SourceLossTally(tuple(s.name for s in self.pipeline.work_source.sources))
+                            if source_loss and not validation else None)
         self._iter: Iterator[Any] | None = None
         if not validation:
             _TRAINING_STREAM["latest"] = weakref.ref(self)
@@ -162,6 +167,8 @@ class ZephonStream:
         if self._iter is None:
             self._iter = iter(self.pipeline)
         for b in audited(self._iter, coordination_identity()[1]):
+            if self.source_loss is not None:
+                self.source_loss.delivered(b)
             yield to_torchtitan(b)
 
     # -- checkpoint slot ------------------------------------------------------

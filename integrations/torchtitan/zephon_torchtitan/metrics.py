@@ -5,6 +5,11 @@ Never imports torchtitan: ``tt03.ZephonMetricsProcessor`` (0.3, the
 ``[zephon] log_metrics``) mix ``MetricsLogging`` into TorchTitan's own ``MetricsProcessor``.
 TorchTitan hands the processor no loader, so the figures are those of the training loader
 this process built (``core.training_stream``).
+
+With the loader's ``source_loss`` on, every ``log()`` also reduces the per-source training loss
+since the previous logged step (``source_loss.SourceLossTally.reduce``: a collective, and TorchTitan
+calls ``log()`` on every rank), logs ``zephon/loss/<source>`` (the mean loss per counted token of
+each source over those steps) and hands the figures to ``zephon_core.integration.publish_source_loss``.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from zephon_core.integration import IntervalMetrics, LoggedFigures
+from zephon_core.integration import IntervalMetrics, LoggedFigures, SourceLoss, publish_source_loss
 from zephon_torchtitan.core import training_stream
 
 #: TorchTitan logs through the root logger: this child's records print among its own lines.
@@ -36,6 +41,15 @@ class TrainingMetrics:
             return None
         return self._interval.take(stream.pipeline.stats())
 
+    def source_loss(self, step: int, parallel_dims: Any) -> SourceLoss | None:
+        """The per-source loss since the previous logged step, reduced and published; None when it is off."""
+        stream = training_stream()
+        if stream is None or stream.source_loss is None:
+            return None
+        figures = stream.source_loss.reduce(step, parallel_dims)
+        publish_source_loss(figures)
+        return figures
+
 
 class MetricsLogging:
     """Mixed in before TorchTitan's ``MetricsProcessor``: every ``log()`` adds Zephon's figures to the step's.
@@ -50,10 +64,17 @@ class MetricsLogging:
 
     def log(self, step: int, global_avg_loss: float, global_max_loss: float, grad_norm: float,
             extra_metrics: dict[str, Any] | None = None) -> None:
-        figures = self.zephon.take() if self.zephon is not None else None
+        figures = by_source = None
+        if self.zephon is not None:
+            figures = self.zephon.take()
+            by_source = self.zephon.source_loss(step, getattr(self, "parallel_dims", None))
         if figures is not None:
             extra_metrics = {**(extra_metrics or {}), **figures.scalars}
+        if by_source is not None:
+            extra_metrics = {**(extra_metrics or {}), **by_source.scalars()}
         super().log(  # type: ignore[misc]
             step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
         if figures is not None:
             LOG.info(figures.line)
+        if by_source is not None:
+            LOG.info(by_source.line())

@@ -23,15 +23,18 @@ the training loader this process built (``zephon_torchtitan.metrics``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+from torch.distributed.tensor import DTensor
 from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.loss import BaseLoss, ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
 from zephon_core.integration import IntegrationError, warn_unknown_step_size
-from zephon_torchtitan.core import StreamLoader, ZephonStream, coordination_identity
+from zephon_torchtitan.core import StreamLoader, ZephonStream, coordination_identity, training_stream
 from zephon_torchtitan.metrics import MetricsLogging, TrainingMetrics
 from zephon_torchtitan.settings import Settings, settings_of
 
@@ -71,6 +74,8 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
         replica_group: int = -1
         """ZephonFTTrainer sets it: the torchft replica group, whose ranks checkpoint together under their own
         run_id (``<run_id>-replicaN``); -1: none."""
+        source_loss: bool = False
+        """Log the training loss per source (zephon/loss/<source>); needs zephon_source_loss and zephon_metrics."""
 
     def __init__(
         self,
@@ -107,6 +112,7 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
             batches_per_step=batches_per_step,
             validation=validation,
             run_id_suffix=f"-replica{config.replica_group}" if config.replica_group >= 0 else "",
+            source_loss=config.source_loss,
         )
 
 
@@ -131,6 +137,9 @@ class ZephonTrainer(Trainer):
 
     def __init__(self, config: Trainer.Config) -> None:
         fill_batch_sizes(config)
+        loader = getattr(config, "dataloader", None)
+        if isinstance(loader, ZephonDataLoader.Config) and loader.source_loss:
+            config.loss = with_source_loss(config.loss)
         super().__init__(config)
 
 
@@ -148,3 +157,38 @@ class ZephonMetricsProcessor(MetricsLogging, MetricsProcessor):
     def __init__(self, config: MetricsProcessor.Config, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.zephon = TrainingMetrics()
+
+
+class ZephonCrossEntropyLoss(CrossEntropyLoss):
+    """TorchTitan's cross entropy, its value and gradient unchanged, that also adds every training call's
+    per-token loss to the sources of the batch Zephon delivered (``source_loss``; ``zephon_torchtitan.source_loss``).
+
+    Validation calls (no gradient) and a job whose Zephon loader has ``source_loss`` off add nothing.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(CrossEntropyLoss.Config):
+        pass
+
+    def __call__(self, pred: torch.Tensor, labels: torch.Tensor, global_valid_tokens: torch.Tensor | None = None,
+                 **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        out = super().__call__(pred, labels, global_valid_tokens, **kwargs)
+        stream = training_stream()
+        if stream is not None and stream.source_loss is not None and torch.is_grad_enabled() and pred.requires_grad:
+            if isinstance(pred, DTensor) or isinstance(labels, DTensor):
+                raise IntegrationError("zephon: source_loss needs the logits whole on each rank; it does not support "
+                                       "tensor parallelism (loss parallel) or full_dtensor; turn source_loss off")
+            stream.source_loss.add(pred, labels)
+        return out
+
+
+def with_source_loss(cfg: BaseLoss.Config) -> BaseLoss.Config:
+    """``cfg`` with its cross entropy (inside a ``ChunkedLossWrapper`` too) made ``ZephonCrossEntropyLoss``."""
+    if isinstance(cfg, ZephonCrossEntropyLoss.Config):
+        return cfg
+    if isinstance(cfg, ChunkedLossWrapper.Config):
+        return replace(cfg, loss_fn=with_source_loss(cfg.loss_fn))
+    if type(cfg) is CrossEntropyLoss.Config:
+        return ZephonCrossEntropyLoss.Config(global_vocab_size=cfg.global_vocab_size)
+    raise IntegrationError("zephon: source_loss measures cross entropy, but this job's loss is "
+                           f"{type(cfg).__qualname__}; turn source_loss off")

@@ -39,6 +39,8 @@ RULES: list[tuple[str, str, str]] = [
     (r"--module zephon_torchtitan --config", "test", "tests/e2e/test_first_run.py::test_torchtitan_recipe_module_command_runs_as_written"),
     (r"^zephon inspect <dump>/checkpoint/step-N$", "test", "tests/e2e/test_first_run.py::test_torchtitan_022_job_file_runs_as_written"),
     # The same overrides on llama3's debug model (llama3_8b does not fit a CPU).
+    (r"--override\.imports 'zephon_torchtitan\.zephon_loader=.*zephon_torchtitan\.zephon_source_loss", "test",
+     "tests/e2e/test_source_loss_e2e.py::test_torchtitan_logs_each_sources_loss_and_they_add_up_to_the_loss"),
     (r"--override\.imports 'zephon_torchtitan\.zephon_loader=.*zephon_torchtitan\.zephon_metrics", "test",
      "tests/e2e/test_torchtitan_e2e.py::test_zephon_figures_are_in_torchtitans_tensorboard_at_every_logged_step"),
     (r"--override\.imports 'zephon_torchtitan\.zephon_loader=", "test",

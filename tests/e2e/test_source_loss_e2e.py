@@ -1,0 +1,64 @@
+"""Per-source training loss in a real training loop under torchrun on CPU (issue #34).
+
+TorchTitan 0.3 at dp=2 over three sources (``runs.mixed_recipe``) with ``source_loss``: every logged
+step's ``zephon/loss/<source>`` weighted by ``zephon/loss_tokens/<source>`` is TorchTitan's own
+``global_avg_loss`` (a sum over both ranks' tokens: the figures are reduced over the data-parallel
+group), the token counts are those of the batch audit log's rows, and the console shows the same means.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+from support.tensorboard_events import scalars
+from torchtitan_cpu.runs import GLOBAL_BATCH, LOCAL_BATCH, SEQ_LEN, launch, mixed_recipe
+
+from zephon_core.integration.batch_log import read_batch_log
+
+pytestmark = pytest.mark.e2e
+NAMES = ("examples", "reference", "prose")
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def torchtitan_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tt-source-loss")
+    dump = root / "run"
+    r = launch("0.3", 2, dump, steps=STEPS, metrics=True, source_loss=True, loader={"recipe": str(mixed_recipe(root))})
+    return r, dump
+
+
+def test_torchtitan_logs_each_sources_loss_and_they_add_up_to_the_loss(torchtitan_run):
+    r, dump = torchtitan_run
+    ev = scalars(dump / "tb")
+    steps = range(1, STEPS + 1)
+    assert sorted(ev["loss_metrics/global_avg_loss"]) == list(steps)
+    for step in steps:
+        tokens = {n: ev[f"zephon/loss_tokens/{n}"][step] for n in NAMES}
+        assert sum(tokens.values()) == GLOBAL_BATCH * SEQ_LEN, "concat rows: every label counts"
+        weighted = sum(ev[f"zephon/loss/{n}"][step] * t for n, t in tokens.items() if t)
+        assert weighted / sum(tokens.values()) == pytest.approx(ev["loss_metrics/global_avg_loss"][step], rel=1e-4)
+    assert all(len(ev.get(f"zephon/loss/{n}", {})) >= 2 for n in NAMES), "each source should be trained"
+
+    # The audit log's rows: a row's L + 1 tokens less its first (which is no label), per source and step.
+    per_step = GLOBAL_BATCH // LOCAL_BATCH // 2
+    audit = [list(read_batch_log(f)) for f in sorted(dump.glob("batches-rank*.log"))]
+    for step in steps:
+        rows = Counter()
+        for batches in audit:
+            for b in batches[(step - 1) * per_step: step * per_step]:
+                rows.update(b.tokens)
+        for i, n in enumerate(NAMES):
+            logged = ev[f"zephon/loss_tokens/{n}"][step]
+            assert rows[i] - GLOBAL_BATCH <= logged <= rows[i], (step, n, logged, rows[i])
+
+    # The console line after each of TorchTitan's (the harness keeps rank 0's console) shows the same means.
+    lines = re.findall(r"zephon: loss by source (.*)", r.log_text())
+    assert len(lines) == STEPS
+    for step, line in zip(steps, lines):
+        shown = dict(pair.split("=") for pair in line.split())
+        for n in NAMES:
+            want = ev.get(f"zephon/loss/{n}", {}).get(step)
+            assert shown[n] == ("-" if want is None else f"{want:.5f}")
