@@ -7,8 +7,9 @@ dp=2 on CPU, 8 rows of 128 tokens per step (2 batches of 2 rows per rank), ``Chu
 chunks, over three sources (``runs.mixed_recipe``). Per rank and step, ``source_loss`` adds:
 
 * ``label_sources`` of each of its 2 batches (the loader side);
-* ``SourceLossTally.add`` for each of the 16 loss calls (8 chunks x 2 batches): the per-token cross
-  entropy again, without gradient, on the chunk's logits, and two ``index_add_`` into the table;
+* ``SourceLossTally.begin`` for each of its 2 micro-batches (one label comparison) and ``add`` for each
+  of the 16 loss calls (8 chunks x 2 batches): the per-token cross entropy again, without gradient, on
+  the chunk's logits, and two ``index_add_`` into the table;
 * one ``all_reduce`` of the ``[2, 3]`` table over a 2-process gloo group, and the ``SourceLoss`` made
   from it (timed in 2 spawned processes).
 
@@ -96,6 +97,7 @@ def parts(repeats: int) -> dict[str, float]:
 
     def add_one_batch() -> None:
         tally.delivered(batches[0])
+        tally.begin(labels.clone())  # a micro-batch of its own (a clone: not the previous one's labels again)
         for c in range(CHUNKS):
             tally.add(logits, labels[:, c * SEQ // CHUNKS:(c + 1) * SEQ // CHUNKS])
 

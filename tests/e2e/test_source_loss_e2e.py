@@ -62,3 +62,26 @@ def test_torchtitan_logs_each_sources_loss_and_they_add_up_to_the_loss(torchtita
         for n in NAMES:
             want = ev.get(f"zephon/loss/{n}", {}).get(step)
             assert shown[n] == ("-" if want is None else f"{want:.5f}")
+
+
+def test_under_pipeline_parallelism_the_first_stage_holds_the_last_stages_figures(tmp_path):
+    """PP=2 (dp=1): only rank 1, the last stage, computes a loss; rank 0 prints (the harness keeps its console)
+    what the broadcast from the last stage gave it, which is what rank 1 wrote to TensorBoard, and the token-weighted
+    means are TorchTitan's loss there. Step 1 checks that of the two losses torch's 1F1B schedule computes for the
+    first micro-batch in its first step, the training step's counts, once."""
+    dump = tmp_path / "pp"
+    r = launch("0.3", 2, dump, steps=3, metrics=True, source_loss=True, loader={"recipe": str(mixed_recipe(tmp_path))},
+               extra=["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B",
+                      "--training.disable_cuda_graphs"])
+    ev = scalars(dump / "tb")
+    lines = re.findall(r"zephon: loss by source (.*)", r.log_text())
+    assert len(lines) == 3
+    for step, line in zip((1, 2, 3), lines):
+        shown = dict(pair.split("=") for pair in line.split())
+        tokens = {n: ev[f"zephon/loss_tokens/{n}"][step] for n in NAMES}
+        assert sum(tokens.values()) == GLOBAL_BATCH * SEQ_LEN
+        for n in NAMES:
+            want = ev.get(f"zephon/loss/{n}", {}).get(step)
+            assert shown[n] == ("-" if want is None else f"{want:.5f}")
+        weighted = sum(ev[f"zephon/loss/{n}"][step] * t for n, t in tokens.items() if t)
+        assert weighted / sum(tokens.values()) == pytest.approx(ev["loss_metrics/global_avg_loss"][step], rel=1e-4)

@@ -32,6 +32,7 @@ else:
 
     from zephon_core.integration import IntegrationError
     from zephon_torchtitan.tt03 import (
+        ZephonChunkedLossWrapper,
         ZephonCrossEntropyLoss,
         ZephonDataLoader,
         ZephonMetricsProcessor,
@@ -69,5 +70,5 @@ else:
         """The job's cross entropy, also adding each token's loss to its source (the loader's ``source_loss``)."""
         return with_source_loss(cfg)
 
-    __all__ = ["ZephonCrossEntropyLoss", "ZephonDataLoader", "ZephonMetricsProcessor", "ZephonTrainer", "zephon_loader",
-               "zephon_metrics", "zephon_source_loss", "zephon_validation_loader"]
+    __all__ = ["ZephonChunkedLossWrapper", "ZephonCrossEntropyLoss", "ZephonDataLoader", "ZephonMetricsProcessor",
+               "ZephonTrainer", "zephon_loader", "zephon_metrics", "zephon_source_loss", "zephon_validation_loader"]

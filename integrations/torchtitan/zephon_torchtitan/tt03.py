@@ -31,12 +31,14 @@ from torch.distributed.tensor import DTensor
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.loss import BaseLoss, ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.config.override import derive
 from torchtitan.trainer import Trainer
 
 from zephon_core.integration import IntegrationError, warn_unknown_step_size
 from zephon_torchtitan.core import StreamLoader, ZephonStream, coordination_identity, training_stream
 from zephon_torchtitan.metrics import MetricsLogging, TrainingMetrics
 from zephon_torchtitan.settings import Settings, settings_of
+from zephon_torchtitan.source_loss import SourceLossTally
 
 
 def batches_per_optimizer_step(global_batch_size: int, training_local_batch_size: int, local_batch_size: int,
@@ -159,6 +161,17 @@ class ZephonMetricsProcessor(MetricsLogging, MetricsProcessor):
         self.zephon = TrainingMetrics()
 
 
+def _training_tally(pred: torch.Tensor) -> SourceLossTally | None:
+    """The tally a training loss call adds to: None for validation (no gradient) or with ``source_loss`` off."""
+    stream = training_stream()
+    if stream is None or stream.source_loss is None or not (torch.is_grad_enabled() and pred.requires_grad):
+        return None
+    if isinstance(pred, DTensor):
+        raise IntegrationError("zephon: source_loss needs the logits whole on each rank; it does not support "
+                               "tensor parallelism (loss parallel) or full_dtensor; turn source_loss off")
+    return stream.source_loss
+
+
 class ZephonCrossEntropyLoss(CrossEntropyLoss):
     """TorchTitan's cross entropy, its value and gradient unchanged, that also adds every training call's
     per-token loss to the sources of the batch Zephon delivered (``source_loss``; ``zephon_torchtitan.source_loss``).
@@ -168,26 +181,48 @@ class ZephonCrossEntropyLoss(CrossEntropyLoss):
 
     @dataclass(kw_only=True, slots=True)
     class Config(CrossEntropyLoss.Config):
-        pass
+        in_chunks: bool = False
+        """Inside a ZephonChunkedLossWrapper, which starts each micro-batch; each call is a chunk of it."""
+
+    def __init__(self, config: Config, *, compile_config: Any = None) -> None:
+        super().__init__(config, compile_config=compile_config)
+        self.in_chunks = config.in_chunks
 
     def __call__(self, pred: torch.Tensor, labels: torch.Tensor, global_valid_tokens: torch.Tensor | None = None,
                  **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         out = super().__call__(pred, labels, global_valid_tokens, **kwargs)
-        stream = training_stream()
-        if stream is not None and stream.source_loss is not None and torch.is_grad_enabled() and pred.requires_grad:
-            if isinstance(pred, DTensor) or isinstance(labels, DTensor):
-                raise IntegrationError("zephon: source_loss needs the logits whole on each rank; it does not support "
-                                       "tensor parallelism (loss parallel) or full_dtensor; turn source_loss off")
-            stream.source_loss.add(pred, labels)
+        tally = _training_tally(pred)
+        if tally is not None:
+            if not self.in_chunks:
+                tally.begin(labels)
+            tally.add(pred, labels)
         return out
 
 
+class ZephonChunkedLossWrapper(ChunkedLossWrapper):
+    """TorchTitan's ``ChunkedLossWrapper``, unchanged, that starts each micro-batch's per-source tally (its inner
+    ``ZephonCrossEntropyLoss`` adds each chunk)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ChunkedLossWrapper.Config):
+        pass
+
+    def __call__(self, pred: torch.Tensor, labels: torch.Tensor, global_valid_tokens: torch.Tensor | None = None,
+                 **loss_inputs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        tally = _training_tally(pred)
+        if tally is not None:
+            tally.begin(labels)
+        return super().__call__(pred, labels, global_valid_tokens, **loss_inputs)
+
+
 def with_source_loss(cfg: BaseLoss.Config) -> BaseLoss.Config:
-    """``cfg`` with its cross entropy (inside a ``ChunkedLossWrapper`` too) made ``ZephonCrossEntropyLoss``."""
-    if isinstance(cfg, ZephonCrossEntropyLoss.Config):
+    """``cfg`` with its cross entropy made ``ZephonCrossEntropyLoss`` (in a ``ZephonChunkedLossWrapper`` if chunked)."""
+    if isinstance(cfg, (ZephonCrossEntropyLoss.Config, ZephonChunkedLossWrapper.Config)):
         return cfg
-    if isinstance(cfg, ChunkedLossWrapper.Config):
-        return replace(cfg, loss_fn=with_source_loss(cfg.loss_fn))
+    if type(cfg) is ChunkedLossWrapper.Config:
+        inner = with_source_loss(cfg.loss_fn)
+        assert isinstance(inner, ZephonCrossEntropyLoss.Config)
+        return derive(cfg, ZephonChunkedLossWrapper.Config, loss_fn=replace(inner, in_chunks=True))
     if type(cfg) is CrossEntropyLoss.Config:
         return ZephonCrossEntropyLoss.Config(global_vocab_size=cfg.global_vocab_size)
     raise IntegrationError("zephon: source_loss measures cross entropy, but this job's loss is "
