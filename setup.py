@@ -7,6 +7,8 @@ them too: ``zephon init`` copies them out, and the adapters' default recipes and
 the demo find them (``zephon_core.integration.bundled_configs``).
 """
 
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 ROOTS = {"zephon_core": ".", "zephon_torchtitan": "integrations/torchtitan", "zephon_megatron": "integrations/megatron",
@@ -18,11 +20,16 @@ for top, where in ROOTS.items():
     packages += found
     package_dir.update({p: f"{where}/{p.replace('.', '/')}" for p in found})
 
-# Folder -> the files of it that ship (what zephon_core.cli.init writes out again).
+# Folder -> the files of it that ship (what zephon_core.cli.init writes out again: its PATTERNS). The
+# corpus ships with its subfolders (corpus/curriculum/ feeds the curriculum recipes), each a data package.
 CONFIG_FILES = {"corpus": ["*"], "data": ["*.toml"], "megatron": ["*.sh", "*.py"], "torchtitan": ["*.toml"]}
+CONFIGS = Path(__file__).resolve().parent / "configs"
+CONFIG_FILES |= {sub.relative_to(CONFIGS).as_posix(): ["*"] for sub in sorted((CONFIGS / "corpus").rglob("*"))
+                 if sub.is_dir() and not sub.name.startswith((".", "__"))}
+config_packages = {f"zephon_configs.{d.replace('/', '.')}": files for d, files in CONFIG_FILES.items()}
 
 setup(
-    packages=[*packages, "zephon_configs", *(f"zephon_configs.{d}" for d in CONFIG_FILES)],
+    packages=[*packages, "zephon_configs", *config_packages],
     package_dir=package_dir,
-    package_data={f"zephon_configs.{d}": files for d, files in CONFIG_FILES.items()},
+    package_data=config_packages,
 )

@@ -14,8 +14,9 @@ from typing import Any
 from zephon_core.errors import ConfigError
 from zephon_core.integration import bundled_configs
 
-#: What ``init`` writes: the package data of the wheel (setup.py), nothing generated.
-PATTERNS = ("corpus/*", "data/*.toml", "megatron/*.sh", "megatron/*.py", "torchtitan/*.toml")
+#: What ``init`` writes: the package data of the wheel (setup.py's CONFIG_FILES), nothing generated; the corpus
+#: with its subfolders (``corpus/curriculum/`` feeds the curriculum recipes).
+PATTERNS = ("corpus/**/*", "data/*.toml", "megatron/*.sh", "megatron/*.py", "torchtitan/*.toml")
 
 
 def bundled_files() -> list[Path]:

@@ -79,13 +79,20 @@ def _link_distributions(names: set[str], into: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def core_venv(tmp_path_factory):
-    """A fresh venv with the wheel and only the core dependencies: what `pip install .` gives."""
-    root = tmp_path_factory.mktemp("core-venv")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"), str(ROOT)],
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built from this clone as `pip wheel .` builds it (offline: no build isolation)."""
+    root = tmp_path_factory.mktemp("wheel")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(root), str(ROOT)],
                            capture_output=True, text=True, timeout=600, cwd=root)
     assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = (root / "dist").glob("*.whl")
+    # setuptools' deprecations (a license table, package data outside `packages`) are build failures waiting.
+    assert "Warning" not in built.stdout + built.stderr, (built.stdout + built.stderr)[-3000:]
+    (whl,) = root.glob("*.whl")
+    return whl
+
+
+def _venv(root: Path, wheel: Path, distributions: list[str]) -> tuple[Path, Path]:
+    """A fresh venv in ``root`` with ``wheel`` and exactly ``distributions`` (with what they require) importable."""
     venv = root / "venv"
     subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
@@ -97,8 +104,16 @@ def core_venv(tmp_path_factory):
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
                                check=True).stdout.strip())
     deps = root / "deps"
-    _link_distributions(_closure([_name(r) for r in PYPROJECT["project"]["dependencies"]]), deps)
+    _link_distributions(_closure(distributions), deps)
     (site / "zephon-deps.pth").write_text(f"{deps}\n")
+    return venv, deps
+
+
+@pytest.fixture(scope="module")
+def core_venv(wheel, tmp_path_factory):
+    """A fresh venv with the wheel and only the core dependencies: what `pip install .` gives."""
+    root = tmp_path_factory.mktemp("core-venv")
+    venv, deps = _venv(root, wheel, [_name(r) for r in PYPROJECT["project"]["dependencies"]])
     return venv, deps, root
 
 
@@ -133,6 +148,55 @@ def test_core_wheel_with_tokenizers_runs_the_demo_outside_the_clone(core_venv, t
     assert r.returncode == 0 and "all 10 global steps matched" in r.stdout, r.stdout + r.stderr
     r = _in(venv, "python -c 'from zephon_core.integration import bundled_configs; print(bundled_configs())'", tmp_path)
     assert Path(r.stdout.strip()).is_relative_to(venv) and not Path(r.stdout.strip()).is_relative_to(ROOT), r.stdout + r.stderr
+
+
+#: How a user explains each bundled recipe: a [standalone] one as it is, a training one with its framework's shape.
+TT_SHAPE = "--framework torchtitan --tokenizer configs/corpus"
+MG_SHAPE = "--framework megatron --tokenizer configs/corpus --seq-len 128 --batch-size 2"
+EXPLAINED = {"demo": "", "curriculum": "", "curriculum_main": "", "tt_train": TT_SHAPE, "tt_heldout": TT_SHAPE,
+             "mg_train": MG_SHAPE, "mg_heldout": MG_SHAPE}
+
+
+@pytest.fixture(scope="module")
+def user_venv(wheel, tmp_path_factory):
+    """What `pip install 'zephon-suite[tokenizers,plot]'` gives, in a folder where `zephon init` ran."""
+    root = tmp_path_factory.mktemp("user-venv")
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    venv, _ = _venv(root, wheel, [_name(r) for r in PYPROJECT["project"]["dependencies"] + extras["tokenizers"] + extras["plot"]])
+    work = root / "work"
+    work.mkdir()
+    r = _in(venv, "zephon init", work)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return venv, work
+
+
+def test_every_bundled_recipe_explains_from_an_installed_wheel(user_venv):
+    venv, work = user_venv
+    recipes = {p.stem for p in (ROOT / "configs" / "data").glob("*.toml")}
+    # mg_indexed reads what make_indexed_corpus.py writes with megatron-core (the [megatron] extra): the error says so.
+    assert recipes == set(EXPLAINED) | {"mg_indexed"}, "a new bundled recipe needs its line in EXPLAINED"
+    committed = subprocess.run(["git", "ls-files", "configs"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    written = {p.relative_to(work).as_posix() for p in (work / "configs").rglob("*") if p.is_file()}
+    assert written == set(committed), sorted(written ^ set(committed))  # every committed config ships, subfolders too
+    for name, shape in EXPLAINED.items():
+        r = _in(venv, f"zephon explain configs/data/{name}.toml {shape}", work)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (name, r.stdout[-1000:] + r.stderr)
+    r = _in(venv, f"zephon explain configs/data/mg_indexed.toml {MG_SHAPE}", work)
+    assert r.returncode == 1 and "make_indexed_corpus.py" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = _in(venv, "zephon explain configs/data/curriculum.toml --plot plan.png --plot-steps 90", work)
+    assert r.returncode == 0 and (work / "plan.png").stat().st_size > 10_000, r.stdout + r.stderr
+
+
+def test_readme_ten_lines_run_from_an_installed_wheel(user_venv):
+    venv, work = user_venv
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## A pipeline in ten lines"):]
+    code = section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 3)]
+    (work / "ten_lines.py").write_text(code + "\nprint(batch.input_ids.shape, batch.positions.shape, len(state['lanes']))\n")
+    r = _in(venv, "python ten_lines.py", work)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # As its comments and the lines after it say: [2, 128] arrays; a group's state holds its own 2 of the 8 lanes.
+    assert r.stdout.split() == ["(2,", "128)", "(2,", "128)", "2"], r.stdout
 
 
 def _third_party_imports(folder: Path) -> set[str]:
