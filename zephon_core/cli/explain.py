@@ -6,10 +6,32 @@ import argparse
 from typing import Any
 
 from zephon_core.cli.options import add_shape_options, journal_option, load, pipeline
+from zephon_core.errors import ConfigError
+from zephon_core.integration.rules import Terms, Topology, next_multiple, topology_problems
+
+#: The adapters' start-up rules, worded with this command's options.
+TERMS = Terms(
+    dp="data-parallel degree",
+    dp_detail=" (--dp-degree)",
+    canonical_replicas="canonical_replicas (--canonical-replicas or the recipe's)",
+    aggregate_dir="--aggregate-dir",
+    run_id="--run-id",
+    step=lambda n: f"{n} batches (--batches-per-step)",
+    step_fix=lambda C, n: f"pass --batches-per-step {next_multiple(n, C)}",
+)
+
+
+def refuse_topology(a: argparse.Namespace, recipe: Any) -> None:
+    """Refuse a plan that both adapters would refuse at start-up, in their words (``integration.rules``)."""
+    lanes = a.canonical_replicas or recipe.spec.canonical_replicas
+    problems = topology_problems(Topology(a.dp_degree or 1, lanes, a.batches_per_step), TERMS)
+    if problems:
+        raise ConfigError(f"{a.recipe}: refused, as a training run would be: " + "; ".join(problems))
 
 
 def run(a: argparse.Namespace) -> int:
     recipe = load(a.recipe)
+    refuse_topology(a, recipe)
     opts: dict[str, Any] = {"world_size": a.world_size, "global_rank": 0}
     if a.dp_degree is not None:
         opts["dp_degree"] = a.dp_degree
@@ -27,8 +49,6 @@ def run(a: argparse.Namespace) -> int:
                  batches_per_step=a.batches_per_step, plot_steps=a.plot_steps)
         print(f"wrote {a.plot}")
     return 0
-
-
 
 
 def _plot_options(p: argparse.ArgumentParser) -> None:

@@ -207,3 +207,19 @@ def test_init_writes_the_bundled_configs_and_never_overwrites(tmp_path):
     r = subprocess.run([sys.executable, "-m", "zephon_core.cli", "explain", "configs/data/demo.toml"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
+
+
+def test_explain_refuses_a_topology_the_adapters_refuse_in_their_words():
+    """dp_degree 3 on 4 lanes: both adapters refuse to start (integration.rules); explain says the same, exit 1."""
+    from zephon_core.integration.rules import Topology, topology_problems
+    from zephon_torchtitan.core import TERMS
+
+    shape = ["--framework", "torchtitan", "--tokenizer", "configs/corpus"]
+    r = zephon("explain", "configs/data/tt_train.toml", "--dp-degree", "3", *shape, cwd=ROOT)
+    assert r.returncode == 1 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stdout + r.stderr
+    assert "Warning" not in r.stderr and "builder.py" not in r.stderr, r.stderr
+    (adapter,) = topology_problems(Topology(3, 4, None), TERMS)
+    assert adapter.split(" (")[0] in r.stderr and "among [1, 2, 4]" in r.stderr and "(--dp-degree)" in r.stderr, r.stderr
+    r = zephon("explain", "configs/data/tt_train.toml", "--dp-degree", "2", "--batches-per-step", "6", *shape, cwd=ROOT)
+    assert r.returncode == 1 and "pass --batches-per-step 8" in r.stderr, r.stderr
+    assert zephon("explain", "configs/data/tt_train.toml", "--dp-degree", "2", *shape, cwd=ROOT).returncode == 0
