@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from zephon_core.checkpoint.merge import diff_definitions
@@ -15,13 +16,20 @@ from zephon_core.integration.state_readers import load_state
 def _resume_check(a: argparse.Namespace) -> int:
     """A checkpoint (``a.a``) against a recipe (``a.b``): would the recipe's pipeline resume from it,
     and why (or why not)."""
-    from zephon_core.verify.shape import build
+    from zephon_core.verify.shape import build, framework_of
 
     state = load_state(a.a)
     parse_lanes(state)
-    # The run's sizes are in the checkpoint; options given on the command line win.
+    recipe = load(a.b)
+    # The run's sizes and tokenization are in the checkpoint; options given on the command line win.
     shape = shape_of(a).filled_from(state["definition"])
-    p = build(load(a.b), shape, canonical_replicas=state["canonical_replicas"], prefetch=0)
+    if recipe.spec.standalone is None and shape.framework is None:
+        if not recipe.pretokenized and shape.tokenizer is None:
+            raise CliError(f"{a.b}: a training recipe's text is tokenized with the run's tokenizer, which the "
+                           "checkpoint records by fingerprint only: pass --tokenizer (the tokenizer.json or its folder "
+                           "the run read)")
+        shape = replace(shape, framework=framework_of(state["definition"]))
+    p = build(recipe, shape, canonical_replicas=state["canonical_replicas"], prefetch=0)
     verdict = p.resume_verdict(state)
     print(("accepted: " if verdict.accepted else "refused: ") + verdict.message)
     for line in verdict.differences:

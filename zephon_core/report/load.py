@@ -19,6 +19,7 @@ from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.curriculum.definition import parse_definition
 from zephon_core.curriculum.steered import describe_journal
+from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import CliError
 from zephon_core.report.history import (
     Curriculum,
@@ -32,7 +33,7 @@ from zephon_core.report.history import (
     unique_batches,
 )
 from zephon_core.report.inputs import STEP_NAME, classify, read_logs, read_state, row_shape
-from zephon_core.verify.shape import Shape, build
+from zephon_core.verify.shape import Shape, build, work_source
 
 
 @dataclass(frozen=True)
@@ -46,32 +47,44 @@ class ReportRequest:
     shape: Shape = field(default_factory=Shape)  # the run's shape, for a training recipe
 
 
-def _recipe_pipeline(
-    a: ReportRequest, definition: Mapping[str, Any] | None, canonical_replicas: int | None
-) -> Any:
-    """The pipeline ``--recipe`` defines, shaped as the run was (by the checkpoint's definition where there is one)."""
+def _recipe_plan(a: ReportRequest) -> tuple[WorkSource, int | None, tuple[int, int] | None]:
+    """What ``--recipe`` plans for audit logs: its curriculum, its lanes and the rows' shape (None: not known).
+
+    A [standalone] recipe, or one given with ``--framework``, is built as the run built it; a training
+    recipe alone gives its curriculum (``verify.shape.work_source`` says when that needs the run's shape)
+    and the rows' shape where ``--seq-len`` and ``--batch-size`` are given.
+    """
     from zephon_core.recipe import load_recipe
 
-    options: dict[str, Any] = {"prefetch": 0}
-    if canonical_replicas is not None:
-        options["canonical_replicas"] = canonical_replicas
     assert a.recipe is not None
-    return build(load_recipe(a.recipe), a.shape.filled_from(definition), **options)
+    recipe = load_recipe(a.recipe)
+    if recipe.spec.standalone is not None or a.shape.framework is not None:
+        options: dict[str, Any] = {"prefetch": 0}
+        if a.canonical_replicas is not None:
+            options["canonical_replicas"] = a.canonical_replicas
+        p = build(recipe, a.shape, **options)
+        return p.work_source, p.identity.canonical_replicas, row_shape(p.definition())
+    rows = None if a.shape.seq_len is None or a.shape.batch_size is None else (a.shape.batch_size, a.shape.seq_len + 1)
+    return work_source(recipe, a.shape), a.canonical_replicas or recipe.spec.canonical_replicas, rows
 
 
 def _with_recipe_sizes(c: Curriculum, a: ReportRequest, state: Mapping[str, Any]) -> Curriculum:
-    """The checkpoint's curriculum, with the sizes its definition lacks counted by ``--recipe``.
+    """The checkpoint's curriculum, with the sizes its definition lacks counted from ``--recipe``'s sources.
 
-    The recipe must read the same sources as the run (their fingerprints are compared).
+    The recipe must read the same sources as the run (their fingerprints are compared); nothing else of it
+    is needed, so a training recipe needs no run's shape here.
     """
-    p = _recipe_pipeline(a, state["definition"], state["canonical_replicas"])
+    from zephon_core.recipe import load_recipe
+
+    assert a.recipe is not None
+    sources = load_recipe(a.recipe).sources()
     ws = parse_definition(state["definition"]).work_source
-    ours = [s.definition() for s in ws.sources] if ws is not None else None
-    theirs = p.definition()["work_source"]["sources"]
+    ours = [s.definition(weight=False) for s in ws.sources] if ws is not None else None
+    theirs = [{"name": s.name, **s.fingerprint()} for s in sources]
     diffs = diff_definitions(ours, theirs, "sources")
     if diffs:
         raise CliError(f"{a.recipe}: its sources are not those of the checkpoint ({diffs[0]}); pass the run's recipe")
-    sizes: list[int | None] = [size if size else len(src) for size, src in zip(c.sizes, p.work_source.sources)]
+    sizes: list[int | None] = [size if size else len(src) for size, src in zip(c.sizes, sources)]
     where = (a.recipe or "") if any(not size for size in c.sizes) else c.sizes_from
     return Curriculum(c.sources, c.stages, c.shares, sizes, where, c.stage_starts)
 
@@ -122,13 +135,13 @@ def _run_of_logs(logs: list[str], a: ReportRequest) -> Run:
     batches = unique_batches(read_logs(logs))
     if not batches:
         raise CliError(f"{logs[0]}: the audit logs hold no batch")
-    shape = None
+    shape, C = None, a.canonical_replicas
     if a.recipe:
-        p = _recipe_pipeline(a, None, a.canonical_replicas)
-        c, C = curriculum_of(p.work_source, a.recipe), p.identity.canonical_replicas
-        shape = row_shape(p.definition())
+        ws, C, shape = _recipe_plan(a)
+        c = curriculum_of(ws, a.recipe)
     else:
-        c, C = Curriculum([], []), a.canonical_replicas or 1 + max(lane for lane, _ in batches)
+        c = Curriculum([], [])
+    C = C or 1 + max(lane for lane, _ in batches)
     B = a.batches_per_step or C
     if B % C:
         raise CliError(

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_core.curriculum.definition import parse_definition
+from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError
 from zephon_core.lane.tokenizer_file import load_tokenizer, special_token_ids
 from zephon_core.pipeline import Pipeline
@@ -66,6 +67,30 @@ class Shape:
             return self
         d = parse_definition(definition)
         return Shape(self.tokenizer, self.seq_len or d.seq_len, self.batch_size or d.batch_size, self.framework)
+
+
+def framework_of(definition: Mapping[str, Any]) -> str:
+    """The framework whose tokenization a checkpoint's ``definition`` shows: BOS before each document is
+    TorchTitan's, EOD alone Megatron's (a pretokenized run shows neither; its sizes are in the definition)."""
+    tokenize = parse_definition(definition).op("tokenize")
+    return "torchtitan" if tokenize is not None and tokenize.get("bos_id") is not None else "megatron"
+
+
+def work_source(recipe: Recipe, shape: Shape) -> WorkSource:
+    """A training recipe's curriculum without its pipeline, for what reads no batch (``zephon report``).
+
+    It needs the run's shape only where a stage counts tokens of text (the run's tokenizer makes them)
+    or starts at an optimizer step (``seq_len`` makes a step's tokens); each need is refused naming the options.
+    """
+    stages = recipe.stages()
+    counts_tokens = recipe.spec.weight_by == "tokens" or any(
+        st.weight_by == "tokens" or st.start_tokens is not None or st.start_step is not None for st in stages)
+    if counts_tokens and not recipe.pretokenized:
+        raise ConfigError(f"{recipe.path}: its stages count tokens, as the run's tokenizer makes them: pass --framework, "
+                          "--tokenizer, --seq-len and --batch-size as the run has them")
+    if shape.seq_len is None and any(st.start_step is not None for st in stages):
+        raise ConfigError(f"{recipe.path}: a stage starts at an optimizer step (start_step): pass --seq-len as the run has it")
+    return recipe.work_source(shape.seq_len)
 
 
 def build(recipe: Recipe, shape: Shape, **options: Any) -> Pipeline:
