@@ -1,7 +1,8 @@
 """The ``zephon`` command line: plan, inspect, compare, verify, trace and report on data.
 
-Every command takes ``--help``. Errors print one line and exit 1 (``--debug``
-or ``ZEPHON_DEBUG=1`` adds the traceback); usage errors exit 2.
+Every command takes ``--help``; ``zephon --version`` prints the installed version. Errors print one
+line and exit 1 (``--debug`` or ``ZEPHON_DEBUG=1`` adds the traceback); usage errors exit 2, and a
+bare ``zephon`` (no command) is one: it prints this help on stdout and exits 2.
 """
 
 from __future__ import annotations
@@ -27,11 +28,28 @@ def build_parser() -> argparse.ArgumentParser:
     for sp in sub.choices.values():
         debug_option(sp, argparse.SUPPRESS)
     debug_option(ap, False)
+    ap.add_argument("--version", action="version", version=f"zephon {_version()}")
     return ap
 
 
+def _version() -> str:
+    """The installed distribution's version; the package's own in a clone that is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("zephon-suite")
+    except metadata.PackageNotFoundError:
+        from zephon_core import __version__
+
+        return __version__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):
+        parser.print_help()
+        return 2
+    args = parser.parse_args(argv)
     return run(args.fn, args, f"zephon {args.command}", debug=args.debug)
 
 

@@ -30,6 +30,10 @@ def refuse_topology(a: argparse.Namespace, recipe: Any) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    if a.plot:
+        from zephon_core.report.load import require_matplotlib
+
+        require_matplotlib()  # before the plan: a missing extra fails before any output
     recipe = load(a.recipe)
     refuse_topology(a, recipe)
     opts: dict[str, Any] = {"world_size": a.world_size, "global_rank": 0}

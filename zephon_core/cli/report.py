@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_core.cli.options import add_shape_options, shape_of
-from zephon_core.report.load import ReportRequest, load_run, run_figure
+from zephon_core.report.load import ReportRequest, load_run, require_matplotlib, run_figure
 
 
 def request_of(a: argparse.Namespace) -> ReportRequest:
@@ -18,19 +18,21 @@ def request_of(a: argparse.Namespace) -> ReportRequest:
 def run(a: argparse.Namespace) -> int:
     from zephon_core.report.text import as_html, as_text
 
+    if a.plot or a.html:
+        require_matplotlib()  # before the table: a missing extra fails before any output
     r = load_run(request_of(a))
     print(as_text(r))
     title = f"run: {r.read}"
-    fig = run_figure(r, title) if a.plot or a.html else None
     if a.plot:
         from zephon_core.report.plots import write_png
 
-        write_png(fig, a.plot)
+        write_png(run_figure(r, title), a.plot)
         print(f"wrote {a.plot}")
     if a.html:
         from zephon_core.report.plots import png_base64
 
-        Path(a.html).write_text(as_html(r, title, [png_base64(fig)]), encoding="utf-8")
+        # The page's heading is the title; its picture goes without one.
+        Path(a.html).write_text(as_html(r, title, [png_base64(run_figure(r, ""))]), encoding="utf-8")
         print(f"wrote {a.html}")
     return 0
 

@@ -180,8 +180,14 @@ def load_run(a: ReportRequest) -> Run:
     return _run_of_logs(inputs.logs, a) if inputs.logs else _run_of_checkpoints(inputs.checkpoints, a)
 
 
+def require_matplotlib() -> None:
+    """Fail now, in one line naming the plot extra (``cli.errors``), when matplotlib is missing."""
+    import matplotlib  # noqa: F401  (the plot extra: imported only to draw)
+
+
 def run_figure(run: Run, title: str) -> Any:
-    """The picture of a run: over its steps, or per stage for a single checkpoint (no history)."""
+    """The picture of a run: over its steps, or per stage for a single checkpoint (no history); ``title``
+    empty: none drawn."""
     from zephon_core.report.figures import run_picture, stage_bars
     from zephon_core.report.plots import draw_picture, draw_stage_bars
 

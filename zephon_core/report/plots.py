@@ -98,7 +98,8 @@ def draw_picture(p: Picture) -> Any:
     for x in p.settled:
         for ax in (share_ax, epoch_ax):
             ax.axvline(x, color=BOUNDARY, lw=0.9, ls=":", zorder=3)
-    fig.suptitle(p.title, fontsize=12)
+    if p.title:
+        fig.suptitle(p.title, fontsize=12)
     _notes(fig, p.notes)
     return fig
 
@@ -144,7 +145,8 @@ def draw_stage_bars(b: StageBars) -> Any:
     )
     epoch_ax.grid(axis="y", color="#dddddd", lw=0.8)
     epoch_ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), title="source", frameon=False)
-    fig.suptitle(b.title, fontsize=12)
+    if b.title:
+        fig.suptitle(b.title, fontsize=12)
     _notes(fig, b.notes)
     return fig
 

@@ -99,14 +99,15 @@ def _footer(run: Run) -> list[str]:
 
 
 def blocks(run: Run) -> tuple[list[str], list[Block], list[str]]:
-    """The heading lines, the per-stage and total tables, and the lines under them."""
+    """The heading lines (the first one after what was read, ``run.read``), the per-stage and total tables,
+    and the lines under them."""
     h = run.history
     if h.every_step:
         steps = f"steps {int(h.steps[0])}..{int(h.steps[-1])}"
     else:
         shown = ", ".join(str(int(s)) for s in h.steps[-4:])
         steps = f"at step{'s' if len(h.steps) > 1 else ''} {'.., ' if len(h.steps) > 4 else ''}{shown}"
-    head = [f"{run.read}: {int(h.batches[-1]):,} batches, {steps}", _lanes_line(run)]
+    head = [f"{int(h.batches[-1]):,} batches, {steps}", _lanes_line(run)]
     figures = stage_figures(run)
     return head, [_block(st, run) for st in figures], _footer(run)
 
@@ -123,7 +124,7 @@ def _aligned(block: Block) -> list[str]:
 def as_text(run: Run) -> str:
     """The report as the terminal shows it."""
     head, tables, foot = blocks(run)
-    lines = list(head)
+    lines = [f"{run.read}: {head[0]}", *head[1:]]
     for b in tables:
         lines += ["", *_aligned(b)]
     return "\n".join([*lines, "", *foot])
@@ -137,7 +138,9 @@ td:first-child,th:first-child{text-align:left}h2{font-size:1em;margin:1em 0 .2em
 
 
 def as_html(run: Run, title: str, pictures: list[str]) -> str:
-    """One page holding the table and ``pictures`` (base64 PNGs): no other file, nothing fetched."""
+    """One page holding the table and ``pictures`` (base64 PNGs): no other file, nothing fetched.
+
+    ``title`` heads the page once: the pictures are drawn without it, and the lines under it do not repeat it."""
     head, tables, foot = blocks(run)
     e = html.escape
     out = [

@@ -223,3 +223,14 @@ def test_explain_refuses_a_topology_the_adapters_refuse_in_their_words():
     r = zephon("explain", "configs/data/tt_train.toml", "--dp-degree", "2", "--batches-per-step", "6", *shape, cwd=ROOT)
     assert r.returncode == 1 and "pass --batches-per-step 8" in r.stderr, r.stderr
     assert zephon("explain", "configs/data/tt_train.toml", "--dp-degree", "2", *shape, cwd=ROOT).returncode == 0
+
+
+def test_version_and_a_bare_zephon():
+    """`zephon --version` prints the installed version; a bare `zephon` is a usage error that shows the help."""
+    from importlib import metadata
+
+    r = zephon("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"zephon {metadata.version('zephon-suite')}", r.stdout + r.stderr
+    r = zephon()
+    assert r.returncode == 2 and r.stdout.startswith("usage: zephon") and "verify-elastic" in r.stdout, r.stdout + r.stderr
+    assert r.stderr == ""

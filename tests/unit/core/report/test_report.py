@@ -10,6 +10,7 @@ as a user runs it, on files made here.
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -29,7 +30,7 @@ from zephon_core.integration.batch_log import log_line, read_batch_log
 from zephon_core.metrics import sum_tallies
 from zephon_core.recipe import load_recipe
 from zephon_core.report.figures import run_picture, shares_of, stage_bars, stage_figures
-from zephon_core.report.load import load_run
+from zephon_core.report.load import load_run, run_figure
 from zephon_core.report.plan_figures import plan_picture, planned_step
 from zephon_core.verify.shape import Shape, build
 from zephon_core.verify.simulate import Phase, run_phase
@@ -196,6 +197,11 @@ def test_report_from_the_command_line_with_a_picture_and_a_page(run, tmp_path):
     assert "data:image/png;base64," in text and "<table>" in text and "anneal" in text
     assert "http" not in text and "url(" not in text
     assert all(src.startswith("data:") for src in re.findall(r'src="([^"]*)"', text))
+    # The title (what was read) heads the page once: not again in the lines under it, nor in its picture.
+    read = report_run(run["logs"], "--recipe", RECIPE)
+    body = text.split("<body>")[1]
+    assert body.count(html.escape(read.read)) == 1 and f"<h1>run: {html.escape(read.read)}</h1>" in body
+    assert run_figure(read, "").get_suptitle() == "" and run_figure(read, "t").get_suptitle() == "t"
 
 
 def test_a_checkpoint_without_sizes_says_how_to_get_epochs(run, tmp_path):
@@ -255,6 +261,10 @@ def test_a_missing_matplotlib_names_the_plot_extra(run, tmp_path):
                         "--plot", str(tmp_path / "x.png")],
                        capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": env_path})
     assert r.returncode == 1 and "pip install 'zephon-suite[plot]'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.stdout == "", r.stdout  # checked first: no table printed before the failure
+    r = subprocess.run([sys.executable, "-m", "zephon_core.cli", "explain", str(RECIPE), "--plot", str(tmp_path / "x.png")],
+                       capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": env_path})
+    assert r.returncode == 1 and "pip install 'zephon-suite[plot]'" in r.stderr and r.stdout == "", r.stdout + r.stderr
 
 
 def test_explain_plot_draws_the_plan(tmp_path):
