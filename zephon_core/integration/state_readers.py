@@ -51,6 +51,16 @@ def registered() -> list[StateReader]:
     return readers
 
 
+def _install(adapter: str, missing: str | None) -> str:
+    """How to get what a reader lacks: its adapter's extra, which brings its framework (a bare package name
+    would leave out what the adapter needs with it)."""
+    try:
+        extras = metadata.metadata("zephon-suite").get_all("Provides-Extra") or []
+    except metadata.PackageNotFoundError:  # a clone on the path, not installed
+        extras = []
+    return f"pip install 'zephon-suite[{adapter}]'" if adapter in extras else f"pip install {missing or adapter}"
+
+
 def load_state(path: str, readers: list[StateReader] | None = None) -> dict[str, Any]:
     """The state in a JSON file, or in a framework checkpoint a registered reader claims."""
     if not path.endswith(".json"):
@@ -59,7 +69,8 @@ def load_state(path: str, readers: list[StateReader] | None = None) -> dict[str,
                 try:
                     return reader.read(path)
                 except ImportError as e:
-                    raise StateReadError(f"{path}: reading {reader.holds} needs {e.name or e} installed") from None
+                    raise StateReadError(f"{path}: reading {reader.holds} needs {e.name or e} installed: "
+                                         f"{_install(reader.name, e.name)}") from None
     try:
         with open(path, encoding="utf-8") as f:
             state = json.load(f)

@@ -136,6 +136,13 @@ def test_core_wheel_alone_gives_a_working_cli_and_the_configs(core_venv, tmp_pat
         r = _in(venv, cmd, tmp_path)
         assert r.returncode == 1 and r.stderr.strip().splitlines() == [r.stderr.strip()], (cmd, r.stderr)
         assert "pip install 'zephon-suite[tokenizers]'" in r.stderr and "Traceback" not in r.stderr, (cmd, r.stderr)
+    # A framework checkpoint needs its adapter's extra (which brings torch), not a bare `pip install torch`.
+    (tmp_path / "step-4").mkdir()
+    (tmp_path / "iter.pt").write_bytes(b"\x80")
+    for path, extra in (("step-4", "torchtitan"), ("iter.pt", "megatron")):
+        r = _in(venv, f"zephon inspect {path}", tmp_path)
+        assert r.returncode == 1 and f"pip install 'zephon-suite[{extra}]'" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     # Recipes need nothing more than the core: diff reads two of them.
     r = _in(venv, "zephon diff configs/data/tt_train.toml configs/data/mg_train.toml", tmp_path)
     assert r.returncode == 1 and "canonical_replicas: 4 vs 8" in r.stdout, r.stdout + r.stderr
