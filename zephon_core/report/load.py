@@ -204,17 +204,25 @@ def tokens_per_step(p: Any, global_batch_size: int | None, batches_per_step: int
     return (global_batch_size or batches_per_step * shape[0]) * shape[1]
 
 
-def plan_png(p: Any, path: str, *, title: str, global_batch_size: int | None = None,
-             batches_per_step: int | None = None, plot_steps: int | None = None) -> None:
-    """The planned schedule of ``p``'s work source drawn into ``path``, as ``zephon report`` draws runs.
+def plan_of(p: Any, *, title: str, global_batch_size: int | None = None, batches_per_step: int | None = None,
+            plot_steps: int | None = None) -> Any:
+    """The planned schedule of ``p``'s work source as a ``figures.Picture``, on the axes ``zephon report`` draws runs.
 
     Steps are ``global_batch_size`` rows (else ``batches_per_step`` batches, default canonical_replicas);
-    ``plot_steps``: draw up to that global step (chunk where the plan has no steps)."""
+    ``plot_steps``: the x axis ends at that global step (chunk where the plan has no steps)."""
     from zephon_core.report.plan_figures import chunk_at_step, plan_picture
-    from zephon_core.report.plots import draw_picture, write_png
 
     per_step = tokens_per_step(p, global_batch_size, batches_per_step or p.identity.canonical_replicas)
-    span = None
+    span = until = None
     if plot_steps:
-        span = chunk_at_step(p.work_source, plot_steps, per_step) or plot_steps
-    write_png(draw_picture(plan_picture(p.work_source, title, tokens_per_step=per_step, span=span)), path)
+        span = chunk_at_step(p.work_source, plot_steps, per_step)
+        # In steps, the chunk that reaches the step ends past it: the axis still ends at the step asked for.
+        span, until = (plot_steps, None) if span is None else (span, float(plot_steps))
+    return plan_picture(p.work_source, title, tokens_per_step=per_step, span=span, until=until)
+
+
+def plan_png(p: Any, path: str, **how: Any) -> None:
+    """The planned schedule of ``p`` (``plan_of(p, **how)``) drawn into ``path``, as ``zephon report`` draws runs."""
+    from zephon_core.report.plots import draw_picture, write_png
+
+    write_png(draw_picture(plan_of(p, **how)), path)

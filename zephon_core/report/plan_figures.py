@@ -109,12 +109,20 @@ def _samples(starts: Sequence[int], span: int) -> np.ndarray:
     )
 
 
+def start_label(name: str, x: float, in_steps: bool) -> str:
+    """A stage's line at ``x``: steps count from 1 (as ``zephon report`` numbers them: step N is drawn from
+    N - 1 to N), so a stage planned ``x`` steps in starts in step ``floor(x) + 1``; chunks count from 0."""
+    return f"{name} from step {math.floor(x) + 1:,}" if in_steps else f"{name} from chunk {math.floor(x):,}"
+
+
 def plan_picture(
-    ws: WorkSource, title: str, *, tokens_per_step: float | None = None, span: int | None = None
+    ws: WorkSource, title: str, *, tokens_per_step: float | None = None, span: int | None = None,
+    until: float | None = None,
 ) -> Picture:
     """The plan of ``ws`` over its first ``span`` chunks (``default_span``).
 
-    Drawn over planned global steps where tokens are planned, else over chunks.
+    Drawn over planned global steps where tokens are planned, else over chunks; ``until``: the x axis
+    ends there (a step within chunk ``span``, which ends later).
     """
     span = span or default_span(ws)
     starts = [g for g in ws.stage_starts() if g < span]
@@ -130,8 +138,8 @@ def plan_picture(
     at = _samples(starts, span)
     sizes = np.array([len(s) for s in ws.sources], dtype=np.float64)
     epochs = positions(ws, at) / sizes[:, None]
-    unit = "step" if in_steps else "chunk"
-    boundaries = [(x(g), f"{name} from {unit} {math.floor(x(g) + 0.5):,}") for g, name in zip(starts, names)]
+    boundaries = [(x(g), start_label(name, x(g), in_steps)) for g, name in zip(starts, names)]
+    end = x(span) if until is None else min(x(span), until)
     x_label = f"global step (planned, {tokens_per_step:,.0f} tokens a step)" if in_steps else "global chunk"
     notes = (
         []
@@ -148,7 +156,7 @@ def plan_picture(
         title,
         [s.name for s in ws.sources],
         x_label,
-        np.array([x(g) for g in [*starts, span]]),
+        np.array([*(x(g) for g in starts), end]),
         shares,
         share_of,
         np.array([x(int(g)) for g in at]),

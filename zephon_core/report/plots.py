@@ -40,19 +40,23 @@ def _notes(fig: Any, notes: list[str]) -> None:
         fig.text(0.01, 0.01, "\n".join(notes), fontsize=8, color=NOTE, va="bottom")
 
 
-def _boundaries(axes: list[Any], boundaries: list[tuple[float, str]]) -> None:
-    """A dashed line where each stage begins on every panel, labelled along it (on its stage's side) in the top one."""
+def _boundaries(axes: list[Any], boundaries: list[tuple[float, str]]) -> list[Any]:
+    """A dashed line where each stage begins on every panel, labelled along it (on its stage's side) in the top one.
+
+    Stages first seen at the same point share the line, each label in its own column beside it (joined into one
+    line they ran past the panel in short runs); a label longer than the panel is set smaller until it fits."""
     top = axes[0]
+    labels_drawn = []
     at: dict[float, list[str]] = {}
     for x, label in boundaries:  # stages first seen at the same point share one line
         at.setdefault(x, []).append(label)
     for x, labels in at.items():
         for ax in axes:
             ax.axvline(x, color=BOUNDARY, lw=1.1, ls="--", zorder=3)
-        top.text(
+        text = top.text(
             x,
             0.97,
-            " " + "; ".join(labels),
+            "\n".join(" " + label for label in labels),
             transform=top.get_xaxis_transform(),
             rotation=90,
             va="top",
@@ -62,6 +66,18 @@ def _boundaries(axes: list[Any], boundaries: list[tuple[float, str]]) -> None:
             zorder=4,
             bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85},
         )
+        labels_drawn.append(text)
+    return labels_drawn
+
+
+def _fit_height(fig: Any, ax: Any, texts: list[Any]) -> None:
+    """Shrink each of ``texts`` (rotated along a line) until it fits in ``ax``'s height, as laid out."""
+    fig.draw_without_rendering()  # the constrained layout sets the panels' sizes
+    room = ax.get_window_extent().height * 0.95
+    for text in texts:
+        height = text.get_window_extent().height
+        if height > room:
+            text.set_fontsize(max(5.0, text.get_fontsize() * room / height))
 
 
 def draw_picture(p: Picture) -> Any:
@@ -94,13 +110,14 @@ def draw_picture(p: Picture) -> Any:
     )
     epoch_ax.grid(axis="y", color="#dddddd", lw=0.8)
     epoch_ax.set_xlabel(p.x_label)
-    _boundaries([share_ax, epoch_ax], p.boundaries)
+    labels = _boundaries([share_ax, epoch_ax], p.boundaries)
     for x in p.settled:
         for ax in (share_ax, epoch_ax):
             ax.axvline(x, color=BOUNDARY, lw=0.9, ls=":", zorder=3)
     if p.title:
         fig.suptitle(p.title, fontsize=12)
     _notes(fig, p.notes)
+    _fit_height(fig, share_ax, labels)
     return fig
 
 

@@ -172,7 +172,10 @@ def test_the_plan_picture_is_the_schedule(run):
             assert p.shares[:, i].tolist() == (quota / quota.sum()).tolist() and np.allclose(p.shares[:, i], shares, atol=1e-3)
     starts = ws.stage_starts()
     assert np.allclose([x for x, _ in p.boundaries], [planned_step(ws, g, per_step) for g in starts])
-    assert 60 <= p.boundaries[2][0] < 62 and p.boundaries[2][1] == "anneal from step 61"  # start_step = 60: the first chunk past it
+    # start_step = 60: the first chunk past 60 steps' tokens, 61.25 steps in. Steps count from 1 and step N is drawn
+    # from N - 1 to N, as the run picture draws them ("from step N" at N - 1): that line lies in step 62.
+    assert 61 < p.boundaries[2][0] < 62 and p.boundaries[2][1] == "anneal from step 62"
+    assert p.boundaries[0] == (0.0, "warmup from step 1") and p.boundaries[1][1] == f"main from step {int(p.boundaries[1][0]) + 1}"
     assert np.all(np.diff(p.epochs, axis=1) >= 0) and np.all(np.diff(p.at) > 0)
     g = starts[2]
     j = int(np.flatnonzero(np.isclose(p.at, planned_step(ws, g, per_step)))[0])
@@ -283,3 +286,35 @@ def test_the_docs_figures_regenerate(tmp_path):
     assert "stage 2 'anneal'" in r.stdout
     for name in ("watch_plan.png", "watch_report.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_plan_ends_at_the_step_asked_for():
+    """--plot-steps 30: the last chunk drawn reaches past step 30 (it ends at ~30.9), the axis ends at 30."""
+    from zephon_core.report.load import plan_of
+
+    p = build(load_recipe(RECIPE), Shape(), prefetch=0)
+    picture = plan_of(p, title="plan", global_batch_size=16, plot_steps=30)
+    assert picture.edges[-1] == 30.0 and picture.edges[-2] < 30 and picture.at[-1] >= 30
+    assert [label for _, label in picture.boundaries] == ["warmup from step 1", "main from step 10"]
+    chunks = plan_of(build(load_recipe(ROOT / "configs" / "data" / "demo.toml"), Shape(), prefetch=0), title="c", plot_steps=30)
+    assert chunks.edges[-1] == 30.0 and chunks.x_label == "global chunk"
+
+
+def test_stage_labels_at_one_point_each_get_a_column_inside_the_panel():
+    """Two stages first seen at the same step (a short run): one line, each label on its own, none past the panel."""
+    from zephon_core.report.figures import Picture
+    from zephon_core.report.plots import draw_picture
+
+    long = ["warmup by step 12 (every lane by 12, then some words)", "main by step 12 (every lane by 12, then more)"]
+    p = Picture("t", ["a", "b"], "global step", np.array([0.0, 12, 16]), np.array([[0.5, 0.4], [0.5, 0.6]]), "tokens",
+                np.array([0.0, 12, 16]), np.array([[0, 0.1, 0.2], [0, 0.2, 0.3]]), "epochs",
+                [(0.0, long[0]), (0.0, long[1]), (12.0, "anneal from step 13")])
+    fig = draw_picture(p)
+    fig.draw_without_rendering()
+    share_ax = fig.axes[0]
+    texts = [t for t in share_ax.texts if t.get_text().strip()]
+    assert [t.get_text().split("\n") for t in texts] == [[" " + long[0], " " + long[1]], [" anneal from step 13"]]
+    panel = share_ax.get_window_extent()
+    for t in texts:
+        box = t.get_window_extent()
+        assert panel.y0 <= box.y0 and box.y1 <= panel.y1, (t.get_text(), box, panel)
