@@ -90,7 +90,8 @@ def _with_recipe_sizes(c: Curriculum, a: ReportRequest, state: Mapping[str, Any]
 
 
 def _label(path: str) -> str:
-    """A checkpoint as a series names it: its step-N / iter_N folder (a Megatron file sits deeper), else its file name."""
+    """A checkpoint as a series names it: its step-N / iter_N folder (a Megatron file sits deeper), else its file
+    name."""
     return next((part for part in reversed(Path(path).parts) if STEP_NAME.fullmatch(part)), Path(path).name)
 
 

@@ -78,7 +78,8 @@ def _footer(run: Run) -> list[str]:
     pad = (
         f"{padding:.2%} of row tokens"
         if padding is not None
-        else "not known (audit logs carry no row size; pass --recipe, and --seq-len and --batch-size with a training one)"
+        else "not known (audit logs carry no row size; pass --recipe, and --seq-len and --batch-size with a "
+        "training one)"
     )
     trunc = (
         f"{cut:.1%} of row stretches continue a document cut at a row boundary"

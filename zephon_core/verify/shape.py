@@ -86,10 +86,11 @@ def work_source(recipe: Recipe, shape: Shape) -> WorkSource:
     counts_tokens = recipe.spec.weight_by == "tokens" or any(
         st.weight_by == "tokens" or st.start_tokens is not None or st.start_step is not None for st in stages)
     if counts_tokens and not recipe.pretokenized:
-        raise ConfigError(f"{recipe.path}: its stages count tokens, as the run's tokenizer makes them: pass --framework, "
-                          "--tokenizer, --seq-len and --batch-size as the run has them")
+        raise ConfigError(f"{recipe.path}: its stages count tokens, as the run's tokenizer makes them: pass "
+                          "--framework, --tokenizer, --seq-len and --batch-size as the run has them")
     if shape.seq_len is None and any(st.start_step is not None for st in stages):
-        raise ConfigError(f"{recipe.path}: a stage starts at an optimizer step (start_step): pass --seq-len as the run has it")
+        raise ConfigError(f"{recipe.path}: a stage starts at an optimizer step (start_step): pass --seq-len as the "
+                          "run has it")
     return recipe.work_source(shape.seq_len)
 
 

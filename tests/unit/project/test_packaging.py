@@ -82,7 +82,8 @@ def _link_distributions(names: set[str], into: Path) -> None:
 def wheel(tmp_path_factory) -> Path:
     """The wheel, built from this clone as `pip wheel .` builds it (offline: no build isolation)."""
     root = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(root), str(ROOT)],
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(root),
+                            str(ROOT)],
                            capture_output=True, text=True, timeout=600, cwd=root)
     assert built.returncode == 0, built.stderr[-2000:]
     # setuptools' deprecations (a license table, package data outside `packages`) are build failures waiting.
@@ -169,7 +170,8 @@ def user_venv(wheel, tmp_path_factory):
     """What `pip install 'zephon-suite[tokenizers,plot]'` gives, in a folder where `zephon init` ran."""
     root = tmp_path_factory.mktemp("user-venv")
     extras = PYPROJECT["project"]["optional-dependencies"]
-    venv, _ = _venv(root, wheel, [_name(r) for r in PYPROJECT["project"]["dependencies"] + extras["tokenizers"] + extras["plot"]])
+    wanted = PYPROJECT["project"]["dependencies"] + extras["tokenizers"] + extras["plot"]
+    venv, _ = _venv(root, wheel, [_name(r) for r in wanted])
     work = root / "work"
     work.mkdir()
     r = _in(venv, "zephon init", work)
@@ -182,14 +184,16 @@ def test_every_bundled_recipe_explains_from_an_installed_wheel(user_venv):
     recipes = {p.stem for p in (ROOT / "configs" / "data").glob("*.toml")}
     # mg_indexed reads what make_indexed_corpus.py writes with megatron-core (the [megatron] extra): the error says so.
     assert recipes == set(EXPLAINED) | {"mg_indexed"}, "a new bundled recipe needs its line in EXPLAINED"
-    committed = subprocess.run(["git", "ls-files", "configs"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    committed = subprocess.run(["git", "ls-files", "configs"], cwd=ROOT, capture_output=True, text=True,
+                               check=True).stdout.split()
     written = {p.relative_to(work).as_posix() for p in (work / "configs").rglob("*") if p.is_file()}
     assert written == set(committed), sorted(written ^ set(committed))  # every committed config ships, subfolders too
     for name, shape in EXPLAINED.items():
         r = _in(venv, f"zephon explain configs/data/{name}.toml {shape}", work)
         assert r.returncode == 0 and "Traceback" not in r.stderr, (name, r.stdout[-1000:] + r.stderr)
     r = _in(venv, f"zephon explain configs/data/mg_indexed.toml {MG_SHAPE}", work)
-    assert r.returncode == 1 and "make_indexed_corpus.py" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.returncode == 1 and "make_indexed_corpus.py" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     r = _in(venv, "zephon explain configs/data/curriculum.toml --plot plan.png --plot-steps 90", work)
     assert r.returncode == 0 and (work / "plan.png").stat().st_size > 10_000, r.stdout + r.stderr
 
@@ -199,7 +203,8 @@ def test_readme_ten_lines_run_from_an_installed_wheel(user_venv):
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## A pipeline in ten lines"):]
     code = section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 3)]
-    (work / "ten_lines.py").write_text(code + "\nprint(batch.input_ids.shape, batch.positions.shape, len(state['lanes']))\n")
+    shown = "print(batch.input_ids.shape, batch.positions.shape, len(state['lanes']))"
+    (work / "ten_lines.py").write_text(f"{code}\n{shown}\n")
     r = _in(venv, "python ten_lines.py", work)
     assert r.returncode == 0, r.stdout + r.stderr
     # As its comments and the lines after it say: [2, 128] arrays; a group's state holds its own 2 of the 8 lanes.

@@ -219,7 +219,8 @@ def test_explain_refuses_a_topology_the_adapters_refuse_in_their_words():
     assert r.returncode == 1 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stdout + r.stderr
     assert "Warning" not in r.stderr and "builder.py" not in r.stderr, r.stderr
     (adapter,) = topology_problems(Topology(3, 4, None), TERMS)
-    assert adapter.split(" (")[0] in r.stderr and "among [1, 2, 4]" in r.stderr and "(--dp-degree)" in r.stderr, r.stderr
+    assert adapter.split(" (")[0] in r.stderr and "among [1, 2, 4]" in r.stderr, r.stderr
+    assert "(--dp-degree)" in r.stderr, r.stderr
     r = zephon("explain", "configs/data/tt_train.toml", "--dp-degree", "2", "--batches-per-step", "6", *shape, cwd=ROOT)
     assert r.returncode == 1 and "pass --batches-per-step 8" in r.stderr, r.stderr
     assert zephon("explain", "configs/data/tt_train.toml", "--dp-degree", "2", *shape, cwd=ROOT).returncode == 0
@@ -232,5 +233,6 @@ def test_version_and_a_bare_zephon():
     r = zephon("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"zephon {metadata.version('zephon-suite')}", r.stdout + r.stderr
     r = zephon()
-    assert r.returncode == 2 and r.stdout.startswith("usage: zephon") and "verify-elastic" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 2 and r.stdout.startswith("usage: zephon"), r.stdout + r.stderr
+    assert "verify-elastic" in r.stdout
     assert r.stderr == ""

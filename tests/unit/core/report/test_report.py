@@ -175,7 +175,8 @@ def test_the_plan_picture_is_the_schedule(run):
     # start_step = 60: the first chunk past 60 steps' tokens, 61.25 steps in. Steps count from 1 and step N is drawn
     # from N - 1 to N, as the run picture draws them ("from step N" at N - 1): that line lies in step 62.
     assert 61 < p.boundaries[2][0] < 62 and p.boundaries[2][1] == "anneal from step 62"
-    assert p.boundaries[0] == (0.0, "warmup from step 1") and p.boundaries[1][1] == f"main from step {int(p.boundaries[1][0]) + 1}"
+    assert p.boundaries[0] == (0.0, "warmup from step 1")
+    assert p.boundaries[1][1] == f"main from step {int(p.boundaries[1][0]) + 1}"
     assert np.all(np.diff(p.epochs, axis=1) >= 0) and np.all(np.diff(p.at) > 0)
     g = starts[2]
     j = int(np.flatnonzero(np.isclose(p.at, planned_step(ws, g, per_step)))[0])
@@ -265,8 +266,9 @@ def test_a_missing_matplotlib_names_the_plot_extra(run, tmp_path):
                        capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": env_path})
     assert r.returncode == 1 and "pip install 'zephon-suite[plot]'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert r.stdout == "", r.stdout  # checked first: no table printed before the failure
-    r = subprocess.run([sys.executable, "-m", "zephon_core.cli", "explain", str(RECIPE), "--plot", str(tmp_path / "x.png")],
-                       capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": env_path})
+    explain = ["explain", str(RECIPE), "--plot", str(tmp_path / "x.png")]
+    r = subprocess.run([sys.executable, "-m", "zephon_core.cli", *explain], capture_output=True, text=True, timeout=300,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": env_path})
     assert r.returncode == 1 and "pip install 'zephon-suite[plot]'" in r.stderr and r.stdout == "", r.stdout + r.stderr
 
 
@@ -296,7 +298,8 @@ def test_the_plan_ends_at_the_step_asked_for():
     picture = plan_of(p, title="plan", global_batch_size=16, plot_steps=30)
     assert picture.edges[-1] == 30.0 and picture.edges[-2] < 30 and picture.at[-1] >= 30
     assert [label for _, label in picture.boundaries] == ["warmup from step 1", "main from step 10"]
-    chunks = plan_of(build(load_recipe(ROOT / "configs" / "data" / "demo.toml"), Shape(), prefetch=0), title="c", plot_steps=30)
+    demo = build(load_recipe(ROOT / "configs" / "data" / "demo.toml"), Shape(), prefetch=0)
+    chunks = plan_of(demo, title="c", plot_steps=30)
     assert chunks.edges[-1] == 30.0 and chunks.x_label == "global chunk"
 
 
