@@ -74,6 +74,7 @@ RULES: list[tuple[str, str, str]] = [
     (r"^zephon index \S+ --format arrow$", "test",
      "tests/unit/core/sources/test_arrow.py::"
      "test_zephon_index_writes_a_manifest_that_start_up_uses_without_opening_a_data_file"),
+    (r"^zephon --version$", "test", "tests/unit/core/cli/test_cli.py::test_version_and_a_bare_zephon"),
     (r"^zephon [a-z-]+( [A-Z][A-Z0-9.]*| \[.*\]| --[a-z-]+( [A-Z0-9]+)?)*$|^zephon [a-z-]+$|^zephon [a-z |-]+$", "synopsis", ""),
     (r"^zephon from-megatron .* --out ", "run", "outside the clone"),
     (r"^zephon ", "run", ""),
