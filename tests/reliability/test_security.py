@@ -61,6 +61,10 @@ def _unsafe_calls(path: Path, strict_imports: bool) -> list[str]:
             for n in names:
                 if n.split(".")[0] in _UNSAFE_MODULES:
                     found.append(f"{where(node)}: import {n}")
+        if isinstance(node, ast.ClassDef) and any(ast.unparse(b) == "pickle.Unpickler" for b in node.bases):
+            # an unpickler is allowed only restricted: its find_class decides which classes a file may build
+            if not any(isinstance(d, ast.FunctionDef) and d.name == "find_class" for d in node.body):
+                found.append(f"{where(node)}: a pickle.Unpickler without its own find_class")
         if not isinstance(node, ast.Call):
             continue
         f = node.func
@@ -99,8 +103,9 @@ def test_no_pickle_eval_or_exec_in_the_code_that_loads_things(rel):
     # and the scan does catch what it looks for
     probe = relkit.REPO / ".artifacts" / "reliability" / "scan_probe.py"
     probe.parent.mkdir(parents=True, exist_ok=True)
-    probe.write_text("import pickle\nimport numpy as np\nimport torch\neval('1')\nnp.load('x', allow_pickle=True)\ntorch.load('x')\npickle.loads(b'')\n")
-    assert {int(f.split(":")[1]) for f in _unsafe_calls(probe, strict_imports=True)} == {1, 4, 5, 6, 7}
+    probe.write_text("import pickle\nimport numpy as np\nimport torch\neval('1')\nnp.load('x', allow_pickle=True)\n"
+                     "torch.load('x')\npickle.loads(b'')\nclass Open(pickle.Unpickler):\n    pass\n")
+    assert {int(f.split(":")[1]) for f in _unsafe_calls(probe, strict_imports=True)} == {1, 4, 5, 6, 7, 8}
     probe.unlink()
 
 

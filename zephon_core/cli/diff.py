@@ -10,7 +10,7 @@ from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.cli.options import add_shape_options, is_recipe, load, shape_of
 from zephon_core.errors import CliError
-from zephon_core.integration.state_readers import load_state
+from zephon_core.integration.state_readers import load_checked_state
 
 
 def _resume_check(a: argparse.Namespace) -> int:
@@ -18,8 +18,7 @@ def _resume_check(a: argparse.Namespace) -> int:
     and why (or why not)."""
     from zephon_core.verify.shape import build, framework_of
 
-    state = load_state(a.a)
-    parse_lanes(state)
+    state = load_checked_state(a.a)
     recipe = load(a.b)
     # The run's sizes and tokenization are in the checkpoint; options given on the command line win.
     shape = shape_of(a).filled_from(state["definition"])
@@ -48,7 +47,7 @@ def run(a: argparse.Namespace) -> int:
         left, right = (OmegaConf.to_container(OmegaConf.structured(load(p).spec)) for p in (a.a, a.b))
         diffs = diff_definitions(left, right)
     else:
-        sa, sb = load_state(a.a), load_state(a.b)
+        sa, sb = load_checked_state(a.a), load_checked_state(a.b)
         la, lb = parse_lanes(sa), parse_lanes(sb)
         diffs = diff_definitions(sa["definition"], sb["definition"], "definition")
         if sa["canonical_replicas"] != sb["canonical_replicas"]:

@@ -8,11 +8,11 @@ from typing import Any
 
 from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.curriculum.definition import parse_definition
-from zephon_core.integration.state_readers import load_state
+from zephon_core.integration.state_readers import load_checked_state
 
 
 def run(a: argparse.Namespace) -> int:
-    state = load_state(a.checkpoint)
+    state = load_checked_state(a.checkpoint)
     lanes = parse_lanes(state)
     if a.json:
         print(json.dumps(state, indent=2, sort_keys=True))

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from zephon_core.errors import ConfigError
+from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.errors import ConfigError, StateError
 
 GROUP = "zephon.state_readers"
 
@@ -85,4 +86,15 @@ def load_state(path: str, readers: list[StateReader] | None = None) -> dict[str,
         raise StateReadError(f"{path}: not a JSON checkpoint state ({e}){hint}") from None
     if not isinstance(state, dict):
         raise StateReadError(f"{path}: not a JSON checkpoint state (a {type(state).__name__}, not an object)")
+    return state
+
+
+def load_checked_state(path: str, readers: list[StateReader] | None = None) -> dict[str, Any]:
+    """``load_state``, then the state's own checks (``parse_lanes``); a state that fails them is a ``StateError``
+    naming ``path`` (the checks themselves know the field, not the file)."""
+    state = load_state(path, readers)
+    try:
+        parse_lanes(state)
+    except StateError as e:
+        raise StateError(f"{path}: {e}; pass a state Zephon wrote, unchanged") from None
     return state

@@ -35,6 +35,7 @@ FORMAT = "zephon.megatron.loader_state"
 VERSION = 1
 #: The key Megatron's checkpoint hook stores the iterator's state under.
 MEGATRON_KEY = "dataloader_state_dict"
+FILE_PATTERN = "train_dataloader_dprank*.pt"
 _ITER_DIR = re.compile(r"^iter_(\d{7})$")
 
 
@@ -106,14 +107,24 @@ def read_loader_file(path: str) -> LoaderState:
     except FileNotFoundError:
         raise ZephonMegatronError(f"{path}: no such loader-state file") from None
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, AttributeError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ZephonMegatronError(
-            f"{path}: not a loader state this adapter can read safely (torch.load with weights_only=True failed: {first})"
+            f"{path}: not a loader state this adapter can read safely: {_why_unreadable(e)}; "
+            f"pass a {FILE_PATTERN} file that zephon_megatron wrote under --dataloader-save"
         ) from None
     if not isinstance(raw, dict) or MEGATRON_KEY not in raw:
         keys = sorted(map(str, raw)) if isinstance(raw, dict) else type(raw).__name__
         raise ZephonMegatronError(f"{path}: expected Megatron's {{{MEGATRON_KEY!r}: ...}} dict, found {keys}")
     return decode(raw[MEGATRON_KEY], path)
+
+
+def _why_unreadable(e: BaseException) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in our words: torch's own advice (to load it
+    with weights_only=False) would run whatever code the file holds, which a checkpoint reader never does."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(e))
+    if found:
+        return (f"it holds a pickled Python object ({found[1]}), and loading one could run code "
+                "(weights_only=True refuses it)")
+    return "not a file torch.save wrote, or a damaged one"
 
 
 def read_loader_state(path: str) -> dict[str, Any]:
@@ -142,7 +153,8 @@ def find_state_file(dataloader_save: str, iteration: int, dp_rank: int, *, pipel
             p = state_file(dataloader_save, iteration, rank, pipeline_parallel=pp)
             if os.path.isfile(p):
                 return p
-    found = sorted(glob.glob(os.path.join(glob.escape(dataloader_save), f"iter_{iteration:07d}", "mp_rank_*", "train_dataloader_dprank*.pt")))
+    found = sorted(glob.glob(os.path.join(glob.escape(dataloader_save), f"iter_{iteration:07d}", "mp_rank_*",
+                                          FILE_PATTERN)))
     return found[0] if found else None
 
 

@@ -135,7 +135,7 @@ def test_malformed_files_are_refused(tmp_path, content, needle):
 def test_pickled_objects_are_never_unpickled(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({ls.MEGATRON_KEY: Evil()}, path)
-    with pytest.raises(ZephonMegatronError, match="weights_only=True failed"):
+    with pytest.raises(ZephonMegatronError, match=r"a pickled Python object \(posix.system\)"):
         ls.read_loader_file(str(path))
     path.write_bytes(b"\x80\x04not a checkpoint")
     with pytest.raises(ZephonMegatronError, match="can read safely"):
