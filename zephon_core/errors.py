@@ -17,7 +17,15 @@ class ConfigError(ZephonError, ValueError):
 
 
 class DataError(ZephonError, ValueError):
-    """A source file is malformed; the message names the file and line/field."""
+    """A source file is malformed; the message names the file and line/field.
+
+    ``recipe_key``: the key of a recipe's source entry that the problem is about (``path``, ``text_field``),
+    which a recipe names in its own message (the source itself knows no recipe).
+    """
+
+    def __init__(self, message: str, *, recipe_key: str | None = None) -> None:
+        super().__init__(message)
+        self.recipe_key = recipe_key
 
 
 class StateError(ZephonError, ValueError):

@@ -65,14 +65,14 @@ from zephon_core.curriculum.mixture import EXHAUSTION_POLICIES, StaticMixture
 from zephon_core.curriculum.stages import WEIGHT_BY, Stage, StagedMixture, check_stages
 from zephon_core.curriculum.token_index import TokenCounter
 from zephon_core.curriculum.work_source import WorkSource
-from zephon_core.errors import ConfigError
+from zephon_core.errors import ConfigError, DataError
 from zephon_core.lane.docops import token_counter
 from zephon_core.lane.ops import PACK_MODES, RUNNERS, PackOp
 from zephon_core.lane.tokenizer_file import load_tokenizer
 from zephon_core.pipeline import Pipeline
 from zephon_core.pipeline.mixing import Mixing
 from zephon_core.sources import Source
-from zephon_core.sources.registry import DEFAULT_FORMAT, FileSource, SourceArgs, source_format
+from zephon_core.sources.registry import DEFAULT_FORMAT, FileSource, SourceArgs, formats_in, source_format
 from zephon_core.validation import require_choice, require_int, require_positive_number
 
 
@@ -280,8 +280,24 @@ class Recipe:
             missing = fmt.explain_missing(args.path) if isinstance(args.path, str) else None
             if missing is not None:
                 raise self._err(f"sources[{n}].path", missing)
-            out.append(fmt.from_args(args))
+            try:
+                out.append(fmt.from_args(args))
+            except DataError as e:
+                raise self._source_error(n, e) from None
         return out
+
+    def _source_error(self, n: int, e: DataError) -> DataError:
+        """``e`` naming this recipe and the key of source ``n`` it is about, and the format its folder holds
+        where a folder holds none of the files the source's format reads."""
+        src, key = self.spec.sources[n], e.recipe_key
+        if key == "path" and src.paths is not None:
+            key = "paths"
+        hint = ""
+        if key == "path" and src.path is not None:
+            others = [f for f in formats_in(self.resolve(src.path)) if f != src.format]
+            if others:
+                hint = f"; it holds {others[0]} files: set format = \"{others[0]}\" in sources[{n}]"
+        return DataError(f"{self.path}: sources[{n}]{'.' + key if key else ''}: {e}{hint}", recipe_key=e.recipe_key)
 
     def work_source(self, seq_len: int | None = None, counter: TokenCounter | None = None) -> WorkSource:
         """The curriculum: a ``StaticMixture``, or a ``StagedMixture`` for ``[[stages]]`` or ``weight_by = "tokens"``.

@@ -91,7 +91,7 @@ def list_files(path: str | Sequence[str], suffixes: Sequence[str], storage_optio
     """Expand ``path`` (one file, a glob, a folder: its files ending in ``suffixes``, recursively, or a list of any of them)."""
     specs = [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]
     if not specs:
-        raise DataError("a source needs at least one path")
+        raise DataError("a source needs at least one path", recipe_key="path")
     fs, _ = url_to_fs(specs[0], **(storage_options or {}))
     found: dict[str, FileStat] = {}
     roots = []
@@ -105,18 +105,18 @@ def list_files(path: str | Sequence[str], suffixes: Sequence[str], storage_optio
             roots.append(root)
             found.update({str(i["name"]): _stat(i) for i in hits.values()})
             if not hits:
-                raise DataError(f"{spec}: no file matches this pattern")
+                raise DataError(f"{spec}: no file matches this pattern", recipe_key="path")
             expanded = True
             continue
         try:
             info = fs.info(inner)
         except FileNotFoundError:
-            raise DataError(f"{spec}: no such file or folder") from None
+            raise DataError(f"{spec}: no such file or folder", recipe_key="path") from None
         if info.get("type") == "directory":
             roots.append(inner.rstrip("/"))
             hits = {p: i for p, i in _find(fs, inner).items() if _matches(p, suffixes)}
             if not hits:
-                raise DataError(f"{spec}: a folder with no {' or '.join(suffixes)} file in it")
+                raise DataError(f"{spec}: a folder with no {' or '.join(suffixes)} file in it", recipe_key="path")
             found.update({str(i["name"]): _stat(i) for i in hits.values()})
             expanded = True
         else:

@@ -69,3 +69,8 @@ def content_fingerprint(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, A
 
 def default_name(path: str) -> str:
     return os.path.basename(path.rstrip("/")) or path
+
+
+def shown(path: str) -> str:
+    """How a message names a file: a local one by its path rather than as a ``file://`` URL, any other by its URL."""
+    return path.removeprefix("file://") if path.startswith("file:///") else path

@@ -36,7 +36,7 @@ from zephon_core.arrays import distinct
 from zephon_core.errors import DataError
 from zephon_core.io.byte_access import file_sample, open_bytes
 from zephon_core.io.files import DEFAULT_ACCESS, Access, FileStat
-from zephon_core.io.fs import default_name, open_fs
+from zephon_core.io.fs import default_name, open_fs, shown
 from zephon_core.io.remote import LocalBytes, ScanStream
 from zephon_core.sources.arrow_ipc import INDEX_KEYS, damage, plausible, read_schema, scan_messages
 from zephon_core.sources.base import Source
@@ -62,7 +62,7 @@ class ArrowFile(Source):
                  stat: FileStat | None = None, allow_empty: bool = False) -> None:
         import pyarrow as pa
 
-        self.path = str(path)
+        self.path = shown(str(path))  # what its messages name (a many-file source opens local files by URL)
         self.text_field = text_field
         self.name = name or default_name(self.path)
         fs, fspath = open_fs(self.path, storage_options)

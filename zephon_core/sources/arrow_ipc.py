@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from zephon_core.errors import DataError
+from zephon_core.sources.base import SET_TEXT_FIELD
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -24,7 +25,8 @@ def check_schema(schema: pa.Schema, text_field: str, where: str, names: list[str
 
     names = schema.names if names is None else names
     if text_field not in names:
-        raise DataError(f"{where}: no column {text_field!r} (columns: {', '.join(names)}); set the source's field")
+        raise DataError(f"{where}: no column {text_field!r} (columns: {', '.join(names)}){SET_TEXT_FIELD}",
+                        recipe_key="text_field")
     kind = schema.field(text_field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise DataError(f"{where}: column {text_field!r} must be a string column, got {kind}")

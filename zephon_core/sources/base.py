@@ -68,4 +68,8 @@ class Source(ABC):
 
     def _require_nonempty(self, where: str) -> None:
         if len(self) == 0:
-            raise DataError(f"{where}: source has no documents")
+            raise DataError(f"{where}: source has no documents; point it at files that hold some", recipe_key="path")
+
+
+#: The fix a message about a missing text field or column ends with: a recipe names the key, so does this.
+SET_TEXT_FIELD = "; set text_field to the field or column that holds the text"

@@ -23,7 +23,7 @@ import numpy as np
 from zephon_core.io import index_cache
 from zephon_core.io.byte_access import ByteReader, compression_of, file_sample, open_bytes
 from zephon_core.io.files import DEFAULT_ACCESS, Access, FileStat
-from zephon_core.io.fs import default_name, open_fs
+from zephon_core.io.fs import default_name, open_fs, shown
 from zephon_core.sources.base import Source
 from zephon_core.sources.manifest import ShardMeta
 
@@ -38,7 +38,7 @@ class StoredFile(Source):
                  access: Access = DEFAULT_ACCESS, known: ShardMeta | None = None,
                  index: dict[str, np.ndarray] | None = None, stat: FileStat | None = None,
                  allow_empty: bool = False) -> None:
-        self.path = str(path)
+        self.path = shown(str(path))  # what its messages name (a many-file source opens local files by URL)
         self.name = name or default_name(self.path)
         self._fs, self._fspath = open_fs(self.path, storage_options)
         sample, whole = file_sample(self._fs, self._fspath, stat, access, known)

@@ -16,6 +16,7 @@ import numpy as np
 from zephon_core.errors import DataError
 from zephon_core.io.files import Access
 from zephon_core.io.remote import iter_bytes
+from zephon_core.sources.base import SET_TEXT_FIELD
 from zephon_core.sources.indexed_file import IndexedFile
 from zephon_core.sources.registry import register_format
 from zephon_core.sources.sharded import TextShardedSource
@@ -115,7 +116,7 @@ class JsonlFile(IndexedFile):
         if not isinstance(record, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
         if self.text_field not in record:
-            raise DataError(f"{where}: missing field {self.text_field!r}")
+            raise DataError(f"{where}: missing field {self.text_field!r}{SET_TEXT_FIELD}", recipe_key="text_field")
         value = record[self.text_field]
         if not isinstance(value, str):
             raise DataError(f"{where}: field {self.text_field!r} must be a string, got {type(value).__name__}")

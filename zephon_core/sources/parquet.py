@@ -17,6 +17,7 @@ import numpy as np
 from zephon_core.errors import DataError
 from zephon_core.io.byte_access import ByteFile
 from zephon_core.io.files import Access, FileStat
+from zephon_core.sources.base import SET_TEXT_FIELD
 from zephon_core.sources.indexed_file import StoredFile
 from zephon_core.sources.registry import register_format
 from zephon_core.sources.sharded import TextShardedSource
@@ -51,7 +52,9 @@ class ParquetFile(StoredFile):
             raise DataError(f"{self.path}: not a readable Parquet file ({e})") from None
         schema = self._file.schema_arrow
         if self.text_field not in schema.names:
-            raise DataError(f"{self.path}: no column {self.text_field!r} (columns: {', '.join(schema.names)})")
+            columns = ", ".join(schema.names)
+            raise DataError(f"{self.path}: no column {self.text_field!r} (columns: {columns}){SET_TEXT_FIELD}",
+                            recipe_key="text_field")
         col_type = schema.field(self.text_field).type
         if not (pa.types.is_string(col_type) or pa.types.is_large_string(col_type)):
             raise DataError(f"{self.path}: column {self.text_field!r} must be a string column, got {col_type}")

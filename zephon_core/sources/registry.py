@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from fsspec.core import url_to_fs
+
 from zephon_core.errors import ConfigError
 from zephon_core.io.files import Access
 from zephon_core.sources.base import Source
@@ -119,6 +121,17 @@ def source_format(name: str, where: str) -> type[FileSource]:
     if found is None:
         raise ConfigError(f"{where}: unknown format {name!r}; registered formats: {', '.join(_FORMATS)}")
     return found
+
+
+def formats_in(path: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """The registered formats whose files the folder ``path`` holds (its top two levels), for a message
+    to name when a recipe reads it as another format; empty when it holds none or cannot be listed."""
+    try:
+        fs, inner = url_to_fs(path, **(storage_options or {}))
+        names = [str(n) for n in fs.find(inner, maxdepth=2)]
+    except (OSError, ValueError):
+        return []
+    return [c.format_name for c in _FORMATS.values() if any(n.endswith(c.suffixes) for n in names if c.suffixes)]
 
 
 def guess_format(path: str, fix: str) -> type[FileSource]:

@@ -145,7 +145,8 @@ class ShardedSource(FileSource):
         self._starts = np.zeros(len(self.metas) + 1, dtype=np.int64)
         np.cumsum([m.documents for m in self.metas], out=self._starts[1:])
         if self._starts[-1] == 0:
-            raise DataError(f"{where}: source has no documents (in {len(self.metas)} file(s))")
+            raise DataError(f"{where}: source has no documents (in {len(self.metas)} file(s)); "
+                            "point it at files that hold some", recipe_key="path")
 
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
