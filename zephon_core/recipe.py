@@ -72,7 +72,7 @@ from zephon_core.lane.tokenizer_file import load_tokenizer
 from zephon_core.pipeline import Pipeline
 from zephon_core.pipeline.mixing import Mixing
 from zephon_core.sources import Source
-from zephon_core.sources.registry import DEFAULT_FORMAT, FileSource, SourceArgs, formats_in, source_format
+from zephon_core.sources.registry import DEFAULT_FORMAT, FileSource, SourceArgs, in_recipe, source_format
 from zephon_core.validation import require_choice, require_int, require_positive_number
 
 
@@ -283,21 +283,10 @@ class Recipe:
             try:
                 out.append(fmt.from_args(args))
             except DataError as e:
-                raise self._source_error(n, e) from None
+                spec = self.spec.sources[n]
+                raise in_recipe(e, str(self.path), n, list_given=spec.paths is not None, fmt=spec.format,
+                                folder=args.path if isinstance(args.path, str) else None) from None
         return out
-
-    def _source_error(self, n: int, e: DataError) -> DataError:
-        """``e`` naming this recipe and the key of source ``n`` it is about, and the format its folder holds
-        where a folder holds none of the files the source's format reads."""
-        src, key = self.spec.sources[n], e.recipe_key
-        if key == "path" and src.paths is not None:
-            key = "paths"
-        hint = ""
-        if key == "path" and src.path is not None:
-            others = [f for f in formats_in(self.resolve(src.path)) if f != src.format]
-            if others:
-                hint = f"; it holds {others[0]} files: set format = \"{others[0]}\" in sources[{n}]"
-        return DataError(f"{self.path}: sources[{n}]{'.' + key if key else ''}: {e}{hint}", recipe_key=e.recipe_key)
 
     def work_source(self, seq_len: int | None = None, counter: TokenCounter | None = None) -> WorkSource:
         """The curriculum: a ``StaticMixture``, or a ``StagedMixture`` for ``[[stages]]`` or ``weight_by = "tokens"``.

@@ -31,7 +31,7 @@ from typing import Any, ClassVar, TypeVar
 
 from fsspec.core import url_to_fs
 
-from zephon_core.errors import ConfigError
+from zephon_core.errors import ConfigError, DataError
 from zephon_core.io.files import Access
 from zephon_core.sources.base import Source
 
@@ -132,6 +132,15 @@ def formats_in(path: str, storage_options: dict[str, Any] | None = None) -> list
     except (OSError, ValueError):
         return []
     return [c.format_name for c in _FORMATS.values() if any(n.endswith(c.suffixes) for n in names if c.suffixes)]
+
+
+def in_recipe(e: DataError, recipe: str, n: int, *, list_given: bool, fmt: str, folder: str | None) -> DataError:
+    """``e`` naming the recipe and the key of its source ``n`` it is about (``paths`` when the source lists them),
+    and the format ``folder`` holds where it holds none of the files the source's format ``fmt`` reads."""
+    key = "paths" if e.recipe_key == "path" and list_given else e.recipe_key
+    others = [f for f in formats_in(folder) if f != fmt] if e.recipe_key == "path" and folder is not None else []
+    hint = f'; it holds {others[0]} files: set format = "{others[0]}" in sources[{n}]' if others else ""
+    return DataError(f"{recipe}: sources[{n}]{'.' + key if key else ''}: {e}{hint}", recipe_key=e.recipe_key)
 
 
 def guess_format(path: str, fix: str) -> type[FileSource]:
