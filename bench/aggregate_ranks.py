@@ -77,63 +77,13 @@ def _store_latency(base: str, so: dict, n: int = 15) -> dict:
     return {op: statistics.median(v) * 1e3 for op, v in ts.items()}
 
 
-class _S3rver:
-    """s3rver (npm; bench/run.sh installs it) on 127.0.0.1:<kernel-chosen port>, objects under ``data_dir``.
-
-    A real S3-compatible server (node, its own process), so the P4 numbers on it measure
-    the loader's store calls rather than moto's Python CPU cost. Its only credentials are
-    S3RVER / S3RVER; paths are bucket/key (no virtual-host buckets on 127.0.0.1).
-    """
-
-    KEY = SECRET = "S3RVER"
-
-    def __init__(self, script: str, data_dir: str, bucket: str, start_timeout: float = 60.0) -> None:
-        import re
-        import subprocess
-
-        os.makedirs(data_dir, exist_ok=True)
-        self.bucket = bucket
-        self.log = data_dir.rstrip("/") + "-s3rver.log"  # beside its folder (whose entries are buckets)
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                ["node", script, "--directory", data_dir, "--address", "127.0.0.1", "--port", "0", "--silent",
-                 "--configure-bucket", bucket],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            )
-        # "S3rver listening on 127.0.0.1:<port>" (printed even with --silent)
-        deadline = perf() + start_timeout
-        while (not (m := re.search(rb"listening on (\S+)\n", open(self.log, "rb").read())) and self.proc.poll() is None
-               and perf() < deadline):
-            time.sleep(0.05)
-        if not m:
-            self.stop()
-            raise RuntimeError(f"s3rver did not report its address: {open(self.log, 'rb').read()[-500:]!r}")
-        self.endpoint_url = "http://" + m.group(1).decode()
-
-    @property
-    def storage_options(self) -> dict:
-        return {"key": self.KEY, "secret": self.SECRET,
-                "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"}}
-
-    def url(self, *parts: str) -> str:
-        return "/".join([f"s3://{self.bucket}", *parts])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait()
-
-
 def _store(a: dict) -> tuple[Any, dict, str]:
     """The backend's server (or None), its storage options and the aggregation folder's URL."""
     backend = a["backend"]
     if backend == "s3":
         import s3fs  # noqa: F401
-        from support.s3_server import S3Server
+
+        from zephon_dev.s3_server import S3Server
 
         server = S3Server(bucket="zephon-bench", mode="process")
         ep = server.start()
@@ -141,7 +91,9 @@ def _store(a: dict) -> tuple[Any, dict, str]:
     if backend == "s3rver":
         import s3fs  # noqa: F401
 
-        s3rver = _S3rver(a["s3rver"], a["local_dir"], bucket="zephon-bench")
+        from zephon_dev.s3rver import S3rver
+
+        s3rver = S3rver(a["s3rver"], a["local_dir"], bucket="zephon-bench")
         return s3rver, s3rver.storage_options, s3rver.url("aggregate")
     os.makedirs(a["local_dir"], exist_ok=True)
     return None, {}, a["local_dir"]

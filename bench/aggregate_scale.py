@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from measure import emit
-from support.fsops import count
 
 from zephon_core.checkpoint.aggregate import Aggregator
 from zephon_core.checkpoint.state import canonical_json, make_state
+from zephon_dev.fsops import count
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -249,7 +249,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     a.run_id = f"scale-{uuid.uuid4().hex[:8]}"
     server, so = None, {}
     if a.backend == "s3":
-        from support.s3_server import S3Server
+        from zephon_dev.s3_server import S3Server
 
         server = S3Server(bucket="zephon-scale", mode="process", latency_s=a.latency_ms / 1000)
         so = server.start().storage_options

@@ -4,8 +4,8 @@
 
 Data: the bench corpus (bench/corpus.py: 20k documents of real prose through the project tokenizer),
 each document the tokens of 6 consecutive corpus documents (~1,000 tokens, ~80 MB), as 16 pairs written
-by megatron-core's IndexedDatasetBuilder: P8's shape. On moto (tests/support/s3_server.py, a child process on
-loopback) behind the tests' proxy (tests/support/s3_proxy.py) adding 20 ms to every request, as P8 does.
+by megatron-core's IndexedDatasetBuilder: P8's shape. On moto (zephon_dev/s3_server.py, a child process on
+loopback) behind the fault proxy (zephon_dev/s3_proxy.py) adding 20 ms to every request, as P8 does.
 Measured in one process:
 
 * GETs per 1M tokens and tokens/s (pack 512, batch 8, 4 lanes, the default execution settings) in
@@ -96,7 +96,7 @@ def upload(ep: Any, files: dict[str, bytes]) -> None:
 @contextmanager
 def proxied(ep: Any, latency_s: float = LATENCY_S) -> Any:
     """The proxy in front of ``ep`` and storage options through it (no client retries, no shared instance)."""
-    from support.s3_proxy import S3Proxy
+    from zephon_dev.s3_proxy import S3Proxy
 
     with S3Proxy(ep.endpoint_url, latency_s=latency_s) as proxy:
         so = proxy.endpoint(ep.bucket).storage_options
@@ -175,10 +175,9 @@ def index(url: str, so: dict[str, Any]) -> float:
 
 def reads(ep: Any, local: list[str], batches: int, cache: str) -> dict[str, Any]:
     """Tokens/s and GETs per 1M tokens, Zephon and the peer, document and block order, store vs local disk."""
-    from support.s3_server import s3_env
-
     from zephon_core import MegatronIndexedSource
     from zephon_core.io.files import Access
+    from zephon_dev.s3_server import s3_env
 
     out: dict[str, Any] = {}
     url = ep.url("p8m")
@@ -229,10 +228,9 @@ def reads(ep: Any, local: list[str], batches: int, cache: str) -> dict[str, Any]
 def startup(ep: Any, local: list[str], cache: str) -> dict[str, Any]:
     """Cold start-up through the 20 ms proxy: without a manifest, with one, and the peer; each with a fresh node
     cache."""
-    from support.s3_server import s3_env
-
     from zephon_core import MegatronIndexedSource
     from zephon_core.io.files import Access
+    from zephon_dev.s3_server import s3_env
 
     url, out = ep.url("p8m"), {}
     for name, manifest in (("no_manifest", False), ("manifest", True)):
@@ -326,9 +324,8 @@ def main() -> None:
     )
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    from support.s3_server import S3Server
-
     from zephon_core.io import remote
+    from zephon_dev.s3_server import S3Server
 
     work = Path(a.work)
     meta = corpus.build(work, log=log)

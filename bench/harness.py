@@ -61,9 +61,9 @@ class Runner:
                    PYTHONWARNINGS="ignore")
         env.pop("PYTHONPATH", None)
         if venv == "project":
-            # zephon_core from this checkout, and tests/ for tests/support (the S3 server and fault proxy, fsops):
+            # zephon_core and zephon_dev (the S3 server and fault proxy, fsops, torchft drills) from this checkout:
             # the one place bench/ reaches them, so no bench module edits sys.path.
-            env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+            env["PYTHONPATH"] = str(ROOT)
         return env
 
     def case(self, venv: str, case: str, args: dict, timeout: float = 300.0, label: str = "") -> dict:

@@ -23,18 +23,17 @@ For Zephon each committed step is also compared with an uninterrupted run's. Pri
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from measure import emit
 
+from zephon_dev.torchft_drill import Replica
+from zephon_dev.torchft_drill import launch as drill_launch
 from zephon_torchft.drill_log import committed_steps, read_log, sample_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,56 +47,17 @@ LOADERS = {"zephon": ["--canonical-replicas", "12", "--batches-per-lane", "1"],
            "torchft-sampler": ["--batches-per-lane", "1", "--max-groups", "8"]}
 
 
-def _last_committed(folder: Path) -> int:
-    return max((x["step"] for r, *_ in SCRIPT for x in read_log(folder / f"r{r}.jsonl") if x["committed"]),
-               default=-1)
-
-
 def launch(folder: Path, loader: str, mode: str, steps: int, timeout_s: int) -> dict[str, Any]:
     """The fault script once: every replica's log lines, times, exit status; the joiner's launch and release."""
-    from torchft.coordination import LighthouseServer
-
     shutil.rmtree(folder, ignore_errors=True)  # the drills append to their logs
-    folder.mkdir(parents=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "integrations" / "torchft")])}
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=400, quorum_tick_ms=50,
-                                  heartbeat_timeout_ms=2000)
-    procs: dict[int, subprocess.Popen[bytes]] = {}
-    popen_t: dict[int, float] = {}
-    release: dict[int, tuple[float, int]] = {}
-    t0 = time.monotonic()
-    try:
-        for rid, join_at, die_at, where in SCRIPT:
-            cmd = ["timeout", "-k", "5", str(timeout_s), sys.executable, str(BENCH / "live_replica.py"),
-                   "--lighthouse", lighthouse.address(), "--replica-id", str(rid), "--steps", str(steps),
-                   "--log", str(folder / f"r{rid}.jsonl"), "--loader", loader, "--min-replicas", "2",
-                   "--pace", str(PACE), "--deadline", str(timeout_s - 10), "--start-when", str(folder / f"go-{rid}"),
-                   *MODES[mode], *LOADERS[loader], *(["--die-at", str(die_at), "--die-when", where] if die_at else [])]
-            if join_at is None:
-                (folder / f"go-{rid}").touch()
-            popen_t[rid] = time.time()
-            procs[rid] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                          stderr=open(folder / f"r{rid}.err", "wb"))
-        waiting = {rid: join_at for rid, join_at, *_ in SCRIPT if join_at is not None}
-        while any(p.poll() is None for p in procs.values()) and time.monotonic() < t0 + timeout_s + 10:
-            done = _last_committed(folder) if waiting else -1
-            for rid in [r for r, at in waiting.items() if done >= at]:
-                (folder / f"go-{rid}").touch()
-                release[rid] = (time.time(), done)
-                del waiting[rid]
-            time.sleep(0.02)
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        lighthouse.shutdown()
-    return {"logs": {r: read_log(folder / f"r{r}.jsonl") for r in procs},
-            "times": {r: _times(folder / f"r{r}.jsonl.times") for r in procs},
-            "codes": {r: p.returncode for r, p in procs.items()}, "popen_t": popen_t, "release": release,
-            "wall_s": round(time.monotonic() - t0, 1),
-            "stderr": {r: (folder / f"r{r}.err").read_text(errors="replace")[-600:] for r in procs}}
+    replicas = [Replica(rid, join_at, die_at, where or "before_allreduce") for rid, join_at, die_at, where in SCRIPT]
+    args = ["--loader", loader, "--pace", str(PACE), "--deadline", str(timeout_s - 10), *MODES[mode], *LOADERS[loader]]
+    run = drill_launch(folder, replicas, steps=steps, args=args, timeout_s=timeout_s,
+                       program=[str(BENCH / "live_replica.py")], durable=False, poll_s=0.02)
+    return {"logs": run.logs, "times": {r: _times(folder / f"r{r}.jsonl.times") for r in run.codes},
+            "codes": run.codes, "popen_t": run.started_t,
+            "release": {r: (t, run.released[r]) for r, t in run.released_t.items()}, "wall_s": run.wall_s,
+            "stderr": {r: text[-600:] for r, text in run.stderr.items()}}
 
 
 def _times(path: Path) -> dict[str, float]:

@@ -9,8 +9,8 @@
 #   project: scripts/env.sh (zephon_core's own venv: tokenizers, numpy, torch + torchdata, megatron-core, s3fs, moto, psutil)
 #   peers:   ~/.cache/zephon-env/peers-py312-<hash> from bench/requirements-peers.txt
 #            (zephon 0.2.0 from PyPI, grain, matplotlib, py-spy); never installed into the project venv.
-#   s3rver:  ~/.cache/zephon-env/s3rver-<hash> from bench/s3rver/package-lock.json (npm ci; needs node >= 16 and npm)
-#            plus bench/s3rver/atomic-put.patch: the P4 benchmark's second loopback S3-compatible server, beside moto;
+#   s3rver:  ~/.cache/zephon-env/s3rver-<hash> from zephon_dev/s3rver/package-lock.json (npm ci; needs node >= 16 and npm)
+#            plus zephon_dev/s3rver/atomic-put.patch: the P4 benchmark's second loopback S3-compatible server, beside moto;
 #            skipped (with a note) without node.
 # Results: bench/results/results.{json,md}, bench/results/profile_*.txt, plots in docs/img/perf_*.png (the reference
 #          run: every default goal, full windows); --only / --quick runs: bench/results/partial/<goals>[-quick]/.
@@ -60,9 +60,9 @@ build_peers() {  # ~3 min
 }
 
 build_s3rver() {  # ~20 s; atomic-put.patch: a PUT replaces an object at once, as on S3 (s3rver writes in place)
-  cp bench/s3rver/package.json bench/s3rver/package-lock.json "$1/" \
+  cp zephon_dev/s3rver/package.json zephon_dev/s3rver/package-lock.json "$1/" \
     && (cd "$1" && npm ci --no-audit --no-fund --loglevel=error >&2) \
-    && git -C "$1/node_modules/s3rver" apply -p1 "$root/bench/s3rver/atomic-put.patch"
+    && git -C "$1/node_modules/s3rver" apply -p1 "$root/zephon_dev/s3rver/atomic-put.patch"
 }
 
 py="$(find_python312)"
@@ -74,7 +74,7 @@ cached "$peers" "the peers environment" build_peers || exit 1
 # The P4 benchmark's loopback S3 server besides moto (a real one, not moto's Python): s3rver from npm.
 s3rver_args=()
 if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
-  skey="$( { cat bench/s3rver/package-lock.json bench/s3rver/atomic-put.patch; node --version; } | sha256sum | cut -c1-16)"
+  skey="$( { cat zephon_dev/s3rver/package-lock.json zephon_dev/s3rver/atomic-put.patch; node --version; } | sha256sum | cut -c1-16)"
   if cached "$home/s3rver-$skey" "s3rver" build_s3rver; then
     s3rver_args=(--s3rver "$home/s3rver-$skey/node_modules/s3rver/bin/s3rver.js")
   else

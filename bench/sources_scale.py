@@ -85,7 +85,7 @@ def _request_floor(ep: Any, prefix: str) -> float:
 
 def case_startup(a: dict) -> dict:
     """P7: 10,000 shards, cold and warm, local and S3."""
-    from support.s3_server import S3Server
+    from zephon_dev.s3_server import S3Server
 
     n = a.get("files", 10_000)
     folder = _shards(Path(a["work"]) / f"shards-{n}", n, a.get("docs_per_file", 4))
@@ -150,11 +150,11 @@ def _run(p: Any, batches: int) -> tuple[float, int]:
 
 def case_s3_reads(a: dict) -> dict:
     """P8: range GETs per 1M tokens and tokens/s with 20 ms per request, against local disk."""
-    from support.s3_proxy import S3Proxy
-    from support.s3_server import S3Server
     from tokenizers import Tokenizer
 
     from zephon_core import JsonlSource
+    from zephon_dev.s3_proxy import S3Proxy
+    from zephon_dev.s3_server import S3Server
 
     tok = Tokenizer.from_file(a["tokenizer"])
     words = Path(a["jsonl"]).read_text().split()[:2000]

@@ -20,7 +20,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
-    from support import s3_server
+    from zephon_dev import s3_server
     mode = os.environ.get("ZEPHON_TEST_S3_MODE", "thread")
     with s3_server.S3Server(mode=mode) as ep, pytest.MonkeyPatch.context() as mp:
         for name, value in s3_server.s3_env(ep).items():

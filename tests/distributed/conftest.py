@@ -210,7 +210,7 @@ def _default_group_ready() -> bool:
 
 @pytest.fixture
 def barrier(mpi_comm):
-    from support import s3_server
+    from zephon_dev import s3_server
     def _barrier(timeout: float = 60.0) -> None:
         if _default_group_ready():
             import torch.distributed as dist
@@ -238,7 +238,7 @@ def allgather(mpi_comm):
 
 @pytest.fixture(scope="session")
 def s3_endpoint(mpi_comm, request):
-    from support import s3_server
+    from zephon_dev import s3_server
     def teardown_barrier() -> bool:
         # After a failure some ranks may never get here (-x); don't wait for them.
         if request.session.testsfailed:

@@ -24,10 +24,9 @@ import pytest
 
 pytest.importorskip("torchft")
 
-from support.torchft_drill import Drill, Replica, launch, loss_counts  # noqa: E402
-
 from zephon_core.live.simulate import LiveRun, reference_steps, violations  # noqa: E402
 from zephon_core.recipe import Recipe  # noqa: E402
+from zephon_dev.torchft_drill import Drill, Replica, launch, loss_counts  # noqa: E402
 from zephon_torchft.drill_log import committed_steps  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]

@@ -1,6 +1,6 @@
-"""Helpers shared by the test suites (pytest puts ``tests/`` on the path: ``from support.s3_server import S3Server``).
+"""Helpers only the test suites use (pytest puts ``tests/`` on the path: ``from support.simranks import ...``).
+What the bench shares with the tests (the S3 server and proxy, fsops, torchft drills) is ``zephon_dev``.
 
-- ``s3_server``: a moto S3 server on loopback; ``s3_proxy``: a fault and latency proxy in front of it;
 - ``core_fixtures``: documents whose tokens name their origin, tiny pipelines, a per-test index cache,
   the exactly-once check of an epoch through a resize (``epoch_exactly_once``);
 - ``property_strategies``: hypothesis strategies of recipes and topologies;

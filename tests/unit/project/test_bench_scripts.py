@@ -51,7 +51,7 @@ def test_a_documented_bench_script_starts_with_the_environment_the_docs_give_it(
 def test_every_documented_case_is_one_that_bench_cases_knows() -> None:
     named = {case for doc in DOCS for pp, script, case in SCRIPT.findall(doc.read_text()) if script == "bench/cases.py"}
     assert named, "no doc runs bench/cases.py any more: drop this test"
-    p = _run(["bench/cases.py"], "tests")
+    p = _run(["bench/cases.py"], ".")
     known = set(re.findall(r"[a-z_]+", p.stderr.split("CASE:", 1)[-1]))
     assert p.returncode != 0 and known, p.stderr[-800:]
     assert named <= known, f"the docs name cases bench/cases.py does not have: {sorted(named - known)}"

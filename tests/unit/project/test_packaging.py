@@ -43,6 +43,7 @@ def test_wheel_installs_packages_and_console_script(tmp_path):
     for sub in (p for p in (ROOT / "zephon_core").rglob("__init__.py")):
         assert (target / sub.relative_to(ROOT)).is_file(), f"{sub.parent.name} missing from the wheel"
     assert not (target / "tests").exists()
+    assert not (target / "zephon_dev").exists(), "zephon_dev is a development package: never in the wheel"
     script = target / "bin" / "zephon"
     assert script.is_file()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -1,4 +1,4 @@
-"""The local moto S3 server helper (tests/support/s3_server.py) and the s3_endpoint fixture."""
+"""The local moto S3 server helper (zephon_dev/s3_server.py) and the s3_endpoint fixture."""
 
 import os
 import pickle
@@ -6,7 +6,8 @@ import socket
 from urllib.parse import urlparse
 
 import pytest
-from support import s3_server
+
+from zephon_dev import s3_server
 
 
 def test_write_read_list_through_fsspec(s3_endpoint):

@@ -1,7 +1,7 @@
 """Fewer writers: at a launch's first checkpoint every rank writes; then one representative per dp group
 (global rank g * stride) writes for its peers. A missing or wrong representative is named or refused,
 never merged silently. Ranks are threads of this process (tests/support/simranks.py), their file-system
-operations counted with tests/support/fsops.py."""
+operations counted with zephon_dev/fsops.py."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import json
 import random
 
 import pytest
-from support.fsops import count
 from support.simranks import SimRanks, mesh
 
 from zephon_core import AggregationError
+from zephon_dev.fsops import count
 
 
 def counted(ranks: SimRanks) -> list:

@@ -23,7 +23,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.core_fixtures import CharTokenizer, epoch_exactly_once, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
-from support.s3_proxy import S3Proxy, every, through
 
 from zephon_core import ArrowSource, DataError, ParquetSource, Pipeline, StaticMixture
 from zephon_core.cli import main
@@ -32,6 +31,7 @@ from zephon_core.recipe import load_recipe
 from zephon_core.sources import manifest
 from zephon_core.sources.arrow import ArrowFile
 from zephon_core.sources.registry import guess_format
+from zephon_dev.s3_proxy import S3Proxy, every, through
 
 datasets.disable_progress_bars()
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.core_fixtures import CharTokenizer, epoch_exactly_once, text_docs, token_docs, zephon_cache_dir  # noqa: F401  (autouse)
-from support.s3_proxy import S3Proxy, every, through
 
 from zephon_core import ConfigError, DataError, MdsSource, MdsTokensSource, Pipeline, StaticMixture
 from zephon_core.sources.mds_shard import MdsShard
+from zephon_dev.s3_proxy import S3Proxy, every, through
 
 COLUMNS = {"text": "str", "tokens": "ndarray:int32", "flex": "ndarray", "fixed": "ndarray:uint16:3", "id": "int"}
 

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.core_fixtures import epoch_exactly_once, zephon_cache_dir  # noqa: F401  (autouse: a private cache per test)
-from support.s3_proxy import S3Proxy, every
 
 from zephon_core import DataError, MegatronIndexedSource, Pipeline, StaticMixture
 from zephon_core.io.files import Access
+from zephon_dev.s3_proxy import S3Proxy, every
 
 indexed_dataset = pytest.importorskip("megatron.core.datasets.indexed_dataset")
 torch = pytest.importorskip("torch")

@@ -9,10 +9,10 @@ import subprocess
 import pytest
 from support.cli import zephon
 from support.core_fixtures import CharTokenizer, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
-from support.s3_proxy import S3Proxy, every, through
 
 from zephon_core import DataError, JsonlSource, Pipeline, StaticMixture
 from zephon_core.io.files import Access
+from zephon_dev.s3_proxy import S3Proxy, every, through
 
 
 def upload(ep, prefix: str, shards: list[list[str]], suffix: str = ".jsonl") -> list[str]:

@@ -17,7 +17,6 @@ import webdataset as wds
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.core_fixtures import CharTokenizer, epoch_exactly_once, zephon_cache_dir  # noqa: F401  (autouse: a private index cache per test)
-from support.s3_proxy import S3Proxy, every
 
 from zephon_core import ConfigError, DataError, Pipeline, StaticMixture, WebDatasetSource
 from zephon_core.cli import main
@@ -25,6 +24,7 @@ from zephon_core.io.files import Access
 from zephon_core.sources import manifest
 from zephon_core.sources.registry import guess_format
 from zephon_core.sources.webdataset import WebDatasetFile, member_of
+from zephon_dev.s3_proxy import S3Proxy, every
 
 
 def text_of(k: int, j: int) -> str:

@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from support.s3_server import HOST, S3Endpoint
+from zephon_dev.s3_server import HOST, S3Endpoint
 
 Plan = Callable[[int, str, str, dict[str, str]], str | None]
 

@@ -1,5 +1,6 @@
 """Real torchft drills: replica-group processes (``python -m zephon_torchft.drill``) around an in-process lighthouse;
-their logs are read back by ``zephon_torchft.drill_log`` (``committed_steps``)."""
+their logs are read back by ``zephon_torchft.drill_log`` (``committed_steps``). The reliability tests and the
+bench's P11 (bench/live_faults.py) launch them here."""
 
 from __future__ import annotations
 
@@ -41,53 +42,66 @@ class Drill:
     durable: Path
     released: dict[int, int] = field(default_factory=dict)
     """The committed step at which each joiner was released."""
+    started_t: dict[int, float] = field(default_factory=dict)
+    """Each process's start, and each joiner's release, as ``time.time()`` (the bench's join figure)."""
+    released_t: dict[int, float] = field(default_factory=dict)
 
     def tail(self) -> str:
         return "\n".join(f"--- replica {r} (exit {self.codes[r]}):\n" + "\n".join(t.splitlines()[-6:])
                          for r, t in sorted(self.stderr.items()))
 
 
+DRILL = ("-m", "zephon_torchft.drill")
+
+
 def launch(tmp: Path, replicas: Sequence[Replica], *, steps: int, args: Sequence[str] = (), min_replicas: int = 2,
-           timeout_s: float = 120.0) -> Drill:
-    """Run ``replicas`` against a fresh lighthouse until every process ends (or ``timeout_s``)."""
+           timeout_s: float = 120.0, program: Sequence[str] = DRILL, durable: bool = True,
+           poll_s: float = 0.1) -> Drill:
+    """Run ``replicas`` against a fresh lighthouse until every process ends (or ``timeout_s``).
+
+    ``program``: what each replica runs with the drill's arguments (the bench's timing wrapper of the drill);
+    ``durable``: whether the drill writes durable checkpoints (under ``tmp/durable``); ``poll_s``: how often the
+    joiners' release condition is checked (the bench times joins, so it polls more often).
+    """
     from torchft.coordination import LighthouseServer
 
     tmp.mkdir(parents=True, exist_ok=True)
-    durable = tmp / "durable"
     path = [str(REPO), str(REPO / "integrations" / "torchft"), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": os.pathsep.join(path)}
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=400, quorum_tick_ms=50,
                                   heartbeat_timeout_ms=2000)
     procs: dict[int, subprocess.Popen[bytes]] = {}
     start = time.monotonic()
-    released: dict[int, int] = {}
+    run = Drill({}, {}, {}, 0.0, tmp / "durable")
     try:
         for r in replicas:
-            cmd = ["timeout", "-k", "5", str(int(timeout_s)), sys.executable, "-m", "zephon_torchft.drill",
+            cmd = ["timeout", "-k", "5", str(int(timeout_s)), sys.executable, *program,
                    "--lighthouse", lighthouse.address(), "--replica-id", str(r.rid), "--steps", str(steps),
-                   "--log", str(tmp / f"r{r.rid}.jsonl"), "--durable", str(durable),
+                   "--log", str(tmp / f"r{r.rid}.jsonl"), *(["--durable", str(run.durable)] if durable else []),
                    "--min-replicas", str(min_replicas), "--start-when", str(tmp / f"go-{r.rid}"), *args, *r.extra]
             if r.die_at is not None:
                 cmd += ["--die-at", str(r.die_at), "--die-when", r.die_when]
             if r.join_at is None:
                 (tmp / f"go-{r.rid}").touch()
+            run.started_t[r.rid] = time.time()
             with open(tmp / f"r{r.rid}.err", "wb") as err:
                 procs[r.rid] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        _release_joiners(tmp, replicas, procs, released, start + timeout_s + 10)
+        _release_joiners(tmp, replicas, procs, run, start + timeout_s + 10, poll_s)
     finally:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
                 p.wait()
         lighthouse.shutdown()
-    return Drill({r.rid: read_log(tmp / f"r{r.rid}.jsonl") for r in replicas},
-                 {rid: p.returncode for rid, p in procs.items()},
-                 {r.rid: (tmp / f"r{r.rid}.err").read_text(errors="replace") for r in replicas},
-                 round(time.monotonic() - start, 1), durable, released)
+    run.logs = {r.rid: read_log(tmp / f"r{r.rid}.jsonl") for r in replicas}
+    run.codes = {rid: p.returncode for rid, p in procs.items()}
+    run.stderr = {r.rid: (tmp / f"r{r.rid}.err").read_text(errors="replace") for r in replicas}
+    run.wall_s = round(time.monotonic() - start, 1)
+    return run
 
 
 def _release_joiners(tmp: Path, replicas: Sequence[Replica], procs: dict[int, subprocess.Popen[bytes]],
-                     released: dict[int, int], deadline: float) -> None:
+                     run: Drill, deadline: float, poll_s: float) -> None:
     """Touch each joiner's start file once a step ``>= join_at`` has committed; return when every process ended."""
     waiting = [r for r in replicas if r.join_at is not None]
     while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
@@ -96,9 +110,10 @@ def _release_joiners(tmp: Path, replicas: Sequence[Replica], procs: dict[int, su
             done = max((line["step"] for line in logged if line["committed"]), default=-1)
             for r in [r for r in waiting if done >= (r.join_at or 0)]:
                 (tmp / f"go-{r.rid}").touch()
-                released[r.rid] = done
+                run.released_t[r.rid] = time.time()
+                run.released[r.rid] = done
                 waiting.remove(r)
-        time.sleep(0.1)
+        time.sleep(poll_s)
 
 
 def loss_counts(steps: dict[int, list[Sample]], reference: dict[int, list[Sample]]) -> tuple[int, int, int]:

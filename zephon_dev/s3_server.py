@@ -14,7 +14,7 @@ Three ways in:
 * ``shared_s3_server(comm)``: the MPI variant: rank 0 owns the server, every
   rank gets the same endpoint through ``comm.bcast``.
 
-Running ``python tests/support/s3_server.py`` serves until stdin closes and prints the
+Running ``python zephon_dev/s3_server.py`` serves until stdin closes and prints the
 endpoint URL as its first stdout line; the ``mode="process"`` server uses that.
 
 Don't mix the in-thread server with ``moto.mock_aws`` in the same process:

@@ -1,6 +1,6 @@
 """Count the file-system operations and bytes of one rank's aggregation folder.
 
-    from support.fsops import count
+    from zephon_dev.fsops import count
     ops = count(aggregator.dir)     # wraps the folder's io in place
     ... aggregator.checkpoint(state) ...
     ops.metadata, ops.bytes_written, ops.bytes_read, ops.by_kind
