@@ -1,4 +1,5 @@
-"""What a goal module declares (``GOAL = Goal(...)``), and the slot for standalone benchmark scripts.
+"""What a goal declares (``GOAL = Goal(...)`` in its package's __init__.py, bench/goals/<goal>/), and the slot for
+standalone benchmark scripts.
 
 A goal owns
 
@@ -13,7 +14,7 @@ A goal owns
 * ``command``: the command that measures it (the headline table of docs/performance.md shows it).
 
 ``script_goal`` makes a goal of standalone scripts that each print one ``RESULT {json}`` line
-(bench/stats_overhead.py for P9, bench/format_*.py for P10).
+(stats_overhead.py for P9, the format_*.py for P10: each in its goal's package, bench/goals/<goal>/).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Every measurement runs in a fresh subprocess of the interpreter that holds the loader under test:
 ``project`` (this checkout's venv: zephon_core, torchdata, megatron-core, the floors) or ``peers``
 (bench/run.sh's venv: zephon 0.2.0, Grain, matplotlib, py-spy). ``Runner.case`` starts
-``bench/cases.py CASE JSON``; ``Runner.script`` starts a standalone script (``bench/stats_overhead.py``,
-``bench/format_*.py``). Either prints ``RESULT <json>`` as its last such line, which comes back as a dict.
+``bench/cases.py CASE JSON``; ``Runner.script`` starts a goal's standalone script (``bench/goals/<goal>/*.py``).
+Either prints ``RESULT <json>`` as its last such line, which comes back as a dict.
 """
 
 from __future__ import annotations
@@ -59,11 +59,10 @@ class Runner:
         # Same knobs for every loader: the loaders' own parallelism settings are what is measured.
         env.update(TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0",
                    PYTHONWARNINGS="ignore")
-        env.pop("PYTHONPATH", None)
-        if venv == "project":
-            # zephon_core and zephon_dev (the S3 server and fault proxy, fsops, torchft drills) from this checkout:
-            # the one place bench/ reaches them, so no bench module edits sys.path.
-            env["PYTHONPATH"] = str(ROOT)
+        # bench/ for a goal's own scripts (bench/goals/<goal>/), which import the shared modules (corpus, measure)
+        # by name; in the project venv also zephon_core and zephon_dev (the S3 server and fault proxy, fsops,
+        # torchft drills) from this checkout. The one place bench/ reaches them, so no bench module edits sys.path.
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(BENCH)] if venv == "project" else [str(BENCH)])
         return env
 
     def case(self, venv: str, case: str, args: dict, timeout: float = 300.0, label: str = "") -> dict:

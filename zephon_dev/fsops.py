@@ -11,7 +11,7 @@
 delete counts one per file, as the store does the work per file). Every kind
 counts as a metadata operation: each is a lookup or a change of the namespace
 (on a parallel file system, a request to its metadata server). Bytes are the
-payloads read and written. Used by tests and by bench/aggregate_scale.py.
+payloads read and written. Used by tests and by bench/goals/p4s_scale/aggregate_scale.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Real torchft drills: replica-group processes (``python -m zephon_torchft.drill``) around an in-process lighthouse;
 their logs are read back by ``zephon_torchft.drill_log`` (``committed_steps``). The reliability tests and the
-bench's P11 (bench/live_faults.py) launch them here."""
+bench's P11 (bench/goals/p11_live/live_faults.py) launch them here."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The registry: every goal the bench measures, in the order it runs them and results.md shows them.
 
-Adding a goal is one module here (``GOAL = Goal(...)``, see bench/goal.py) and one line in ``REGISTRY``.
+A goal is one package here, bench/goals/<goal>/: its ``__init__.py`` declares ``GOAL = Goal(...)`` (see
+bench/goal.py); beside it, the scripts and cases only that goal runs and, where it draws one, ``plot.py`` (its
+figure for docs/img, drawn by bench/plot.py). Adding a goal is one package and one line in ``REGISTRY``.
 """
 
 from __future__ import annotations

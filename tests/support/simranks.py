@@ -6,7 +6,7 @@
     ranks.checkpoint(step=2, absent={17})      # rank 17 never calls checkpoint()
 
 The state of a rank at step ``k`` says every lane of its dp group delivered ``k`` batches, so a
-merged state shows which step each lane came from. bench/aggregate_scale.py is the benchmark twin.
+merged state shows which step each lane came from. bench/goals/p4s_scale/aggregate_scale.py is the benchmark twin.
 """
 
 from __future__ import annotations

@@ -78,12 +78,12 @@ def test_a_changed_figure_changes_the_block(bench, committed) -> None:
     assert "stale" not in report.replace_headline(text, report.headline(edited))
 
 
-def test_every_goal_module_declares_its_targets_verdicts_and_section(bench, committed) -> None:
+def test_every_goal_package_declares_its_targets_verdicts_and_section(bench, committed) -> None:
     goals, goal = bench["goals"], bench["goal"]
-    modules = sorted(p.stem for p in (BENCH / "goals").glob("*.py") if p.stem != "__init__")
+    modules = sorted(p.name for p in (BENCH / "goals").iterdir() if (p / "__init__.py").is_file())
     declared = [importlib.import_module(f"goals.{m}").GOAL for m in modules]
     assert all(any(g is r for r in goals.REGISTRY) for g in declared) and len(declared) == len(goals.REGISTRY), (
-        "every module in bench/goals declares one goal (GOAL) of goals.REGISTRY")
+        "every package in bench/goals declares one goal (GOAL) of goals.REGISTRY")
     keys = [g.key for g in goals.REGISTRY]
     assert len(set(keys)) == len(keys)
     assert {"P1", "P2", "P3", "P4", "P4S", "P5", "P6", "P7", "P8", "P9", "P10"} <= set(keys)
@@ -91,7 +91,7 @@ def test_every_goal_module_declares_its_targets_verdicts_and_section(bench, comm
     for g in goals.REGISTRY:
         assert isinstance(g, goal.Goal)
         assert isinstance(g.targets, dict) and all(isinstance(v, float) for v in g.targets.values())
-        # Untargeted: the profiles and the studies (bench/curriculum.py, bench/packing.py) report what they measured.
+        # Untargeted: the profiles and the studies (curriculum.py, packing.py) report what they measured.
         assert g.targets or g.key in ("profile", "curriculum", "packing"), f"{g.key} declares no targets"
         assert not seen & set(g.targets), f"{g.key} repeats another goal's target"
         seen |= set(g.targets)

@@ -1,8 +1,9 @@
 """The bench scripts that the docs show still start as the docs run them.
 
 A full benchmark takes minutes, so test_documented_commands.py exempts them; this keeps their command lines
-honest without measuring: every ``bench/<script>.py`` a doc names answers ``--help`` with the environment the
-doc gives it, and every ``bench/cases.py CASE`` a doc names is a case that ``bench/cases.py`` knows.
+honest without measuring: every bench script a doc names (``bench/goals/<goal>/<script>.py``, ...) answers
+``--help`` with the environment the doc gives it, and every ``bench/cases.py CASE`` a doc names is a case that
+``bench/cases.py`` knows.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SCRIPT = re.compile(r"(?:PYTHONPATH=(\S+) )?\$ZEPHON_PY (bench/[a-z_]+\.py)(?: (\S+))?")
+SCRIPT = re.compile(r"(?:PYTHONPATH=(\S+) )?\$ZEPHON_PY (bench/[a-z0-9_/]+\.py)(?: (\S+))?")
 
 
 def _documented() -> dict[str, set[str | None]]:
@@ -38,7 +39,8 @@ def _run(argv: list[str], pythonpath: str | None) -> subprocess.CompletedProcess
 
 def test_the_docs_run_bench_scripts() -> None:
     # The pattern must keep finding them, or the tests below would pass on nothing.
-    assert {"bench/cases.py", "bench/aggregate_scale.py", "bench/curriculum.py"} <= set(_documented())
+    assert {"bench/cases.py", "bench/goals/p4s_scale/aggregate_scale.py",
+            "bench/goals/study_curriculum/curriculum.py"} <= set(_documented())
 
 
 @pytest.mark.parametrize("script", sorted(s for s in _documented() if s != "bench/cases.py"))

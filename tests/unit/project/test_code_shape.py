@@ -31,7 +31,7 @@ def test_no_module_class_or_function_of_the_adapters_outgrows_a_reader():
 def _bench_modules() -> dict[str, Path]:
     """bench/'s own modules by import name (``goals.p1_throughput``), its caches and npm tree left out."""
     bench = ROOT / "bench"
-    paths = [p for p in bench.rglob("*.py") if not {".work", "s3rver", "results"} & set(p.relative_to(bench).parts)]
+    paths = [p for p in bench.rglob("*.py") if not {".work", "results"} & set(p.relative_to(bench).parts)]
     return {".".join(p.relative_to(bench).with_suffix("").parts).removesuffix(".__init__"): p for p in paths}
 
 

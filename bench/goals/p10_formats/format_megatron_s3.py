@@ -1,6 +1,7 @@
 """P8 for Megatron .bin/.idx pairs on an object store: Zephon's MegatronIndexedSource vs megatron-core's own S3 reader.
 
-    python bench/format_megatron_s3.py [--work DIR] [--quick] [--prefixes N] [--out FILE.json]
+    PYTHONPATH=.:bench python bench/goals/p10_formats/format_megatron_s3.py
+        [--work DIR] [--quick] [--prefixes N] [--out FILE.json]
 
 Data: the bench corpus (bench/corpus.py: 20k documents of real prose through the project tokenizer),
 each document the tokens of 6 consecutive corpus documents (~1,000 tokens, ~80 MB), as 16 pairs written
@@ -41,7 +42,7 @@ from typing import Any
 import corpus
 from measure import emit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 # P8's shape: 16 pairs of ~5 MB (80 MB), blocks of ~1 MB in windows of 4, 4 lanes, a 24 MB page pool (the windows
 # fit, a third of the corpus).

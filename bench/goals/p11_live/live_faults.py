@@ -1,10 +1,10 @@
 """P11: samples lost and repeated per fault under torchft, Zephon's live lanes beside torchft's own sampler.
 
-    python bench/live_faults.py [--quick] [--steps N] [--out FILE.json]
+    PYTHONPATH=.:bench python bench/goals/p11_live/live_faults.py [--quick] [--steps N] [--out FILE.json]
 
 One fault script, run by real parts: torchft 0.2.0's lighthouse (in this process, on loopback, a
 kernel-chosen port) and three replica groups as processes (``zephon_torchft.drill`` through
-bench/live_replica.py, one rank each, gloo over loopback, a tiny LM on CPU). Replica 1 is killed
+live_replica.py, one rank each, gloo over loopback, a tiny LM on CPU). Replica 1 is killed
 at step 3 before the step's allreduce, replica 3 joins once step 4 has committed (its process
 already started and waiting, so the join figure is the quorum's, the import time given apart),
 replica 2 is killed at step 7 after the allreduce, before the commit. The same script runs with
@@ -36,8 +36,8 @@ from zephon_dev.torchft_drill import Replica
 from zephon_dev.torchft_drill import launch as drill_launch
 from zephon_torchft.drill_log import committed_steps, read_log, sample_key
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
+ROOT = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent
 PACE = 0.15  # seconds each replica sleeps after an attempt, so that the faults land in the order scripted
 #: (replica id, released once this step has committed (None: at the start), killed at step, where)
 SCRIPT = [(0, None, None, ""), (1, None, 3, "before_allreduce"), (2, None, 7, "after_allreduce"), (3, 4, None, "")]
@@ -53,7 +53,7 @@ def launch(folder: Path, loader: str, mode: str, steps: int, timeout_s: int) -> 
     replicas = [Replica(rid, join_at, die_at, where or "before_allreduce") for rid, join_at, die_at, where in SCRIPT]
     args = ["--loader", loader, "--pace", str(PACE), "--deadline", str(timeout_s - 10), *MODES[mode], *LOADERS[loader]]
     run = drill_launch(folder, replicas, steps=steps, args=args, timeout_s=timeout_s,
-                       program=[str(BENCH / "live_replica.py")], durable=False, poll_s=0.02)
+                       program=[str(HERE / "live_replica.py")], durable=False, poll_s=0.02)
     return {"logs": run.logs, "times": {r: _times(folder / f"r{r}.jsonl.times") for r in run.codes},
             "codes": run.codes, "popen_t": run.started_t,
             "release": {r: (t, run.released[r]) for r, t in run.released_t.items()}, "wall_s": run.wall_s,
@@ -148,7 +148,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="sync quorum only")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--work", default=str(BENCH / ".work"), help="the drills' logs go to WORK/live")
+    ap.add_argument("--work", default=str(ROOT / "bench" / ".work"), help="the drills' logs go to WORK/live")
     ap.add_argument("--timeout", type=int, default=150, help="seconds for one launch of the script")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()

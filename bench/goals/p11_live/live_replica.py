@@ -1,8 +1,9 @@
 """P11's replica group: ``python -m zephon_torchft.drill`` with wall-clock times added (a thin wrapper).
 
-    python bench/live_replica.py DRILL-ARGS...   (the arguments of python -m zephon_torchft.drill)
+    PYTHONPATH=.:bench python bench/goals/p11_live/live_replica.py
+        DRILL-ARGS...   (the arguments of python -m zephon_torchft.drill)
 
-It runs the drill unchanged and adds, for the join figure of bench/live_faults.py:
+It runs the drill unchanged and adds, for the join figure of live_faults.py:
 
 * ``"t"`` on every line of the drill's ``--log`` (``time.time()`` when the line is written: the end of the
   attempt, after the commit vote);
@@ -49,7 +50,8 @@ def instrument(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
-        print("usage: bench/live_replica.py DRILL-ARGS... (see python -m zephon_torchft.drill --help)\n" + __doc__)
+        print("usage: bench/goals/p11_live/live_replica.py DRILL-ARGS... (see python -m zephon_torchft.drill --help)\n"
+              + __doc__)
         sys.exit(0)
     instrument(sys.argv[1:])
     sys.exit(drill.main(sys.argv[1:]))

@@ -1,6 +1,7 @@
 """MDS: Zephon's MDS sources through a pipeline beside MosaicML Streaming's own ``StreamingDataset``, same documents.
 
-    python bench/format_mds.py [--work DIR] [--quick] [--compression zstd|none] [--out FILE.json]
+    PYTHONPATH=.:bench python bench/goals/p10_formats/format_mds.py
+        [--work DIR] [--quick] [--compression zstd|none] [--out FILE.json]
 
 The bench corpus's documents (bench/corpus.py: real prose, the project tokenizer) are written
 once by ``streaming.MDSWriter`` as one dataset with a ``text`` (``str``) and a ``tokens``
@@ -38,7 +39,7 @@ import corpus
 import numpy as np
 from measure import emit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 SEQ_LEN, BATCH, SEED = 512, 8, 7
 SHARD_BYTES = {

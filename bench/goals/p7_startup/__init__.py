@@ -1,11 +1,12 @@
 """P7: start-up of a many-shard JSONL source, cold (no manifest) and warm (manifest), local and on S3
-(bench/sources_scale.py's ``case_startup``)."""
+(``case_startup`` in startup.py, this package)."""
 
 from __future__ import annotations
 
-import sources_scale
 from goal import Goal, Target, verdict
 from harness import Context, log
+
+from goals.p7_startup import startup
 
 TARGETS = {"P7_cold_s": 60.0, "P7_warm_s": 2.0, "P7_s3_cold_gets_per_shard": 1.05, "P7_s3_cold_over_floor": 1.2}
 
@@ -59,4 +60,4 @@ def section(R: dict, B: dict) -> list[str]:
 
 
 GOAL = Goal("P7", "start-up over many shards (cold, warm; local, S3)", TARGETS, verdicts, section, run=run,
-            cases={"startup": lambda a: sources_scale.main("startup", a)})
+            cases={"startup": startup.case})

@@ -1,6 +1,6 @@
 """P11: live elasticity under torchft (issue 32): samples lost and repeated per fault beside torchft's own
-``DistributedSampler`` (bench/live_faults.py: real lighthouse, replica groups as processes), what live mode costs
-per step at 8 / 256 / 4,096 lanes (bench/live_cost.py), and the time from a replica joining to its first
+``DistributedSampler`` (live_faults.py, this package: real lighthouse, replica groups as processes), what live mode
+costs per step at 8 / 256 / 4,096 lanes (live_cost.py), and the time from a replica joining to its first
 committed step (from the fault drill's logs)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from harness import fmt
 # uninterrupted run's; live mode's per-step work (in process + the table's allreduce) under 1 ms, and under 1% of
 # the drill's own measured step at the drill's 12 lanes.
 TARGETS = {"P11_lost_repeated": 0.0, "P11_steps_differ": 0.0, "P11_step_us": 1000.0, "P11_step_share": 0.01}
-SCRIPTS = {"faults": Script("bench/live_faults.py", timeout=900), "cost": Script("bench/live_cost.py", timeout=900)}
+HERE = "bench/goals/p11_live"
+SCRIPTS = {"faults": Script(f"{HERE}/live_faults.py", timeout=900), "cost": Script(f"{HERE}/live_cost.py", timeout=900)}
 ZEPHON, PEER = "zephon", "torchft-sampler"
 DRILL_CONFIG = "12 lanes (the drill's)"
 
@@ -150,10 +151,10 @@ def _cost_section(x: dict, step: float | None) -> list[str]:
 def section(R: dict, B: dict) -> list[str]:
     if "P11" not in R:
         return []
-    L = ["## P11 live elasticity under torchft (bench/live_faults.py, bench/live_cost.py)\n"]
+    L = [f"## P11 live elasticity under torchft ({HERE}/live_faults.py, live_cost.py)\n"]
     for part, what in (("faults", "the fault script"), ("cost", "the cost")):
         if "error" in R["P11"].get(part, {"error": "not run"}):
-            L.append(f"bench/live_{part}.py ({what}): {R['P11'].get(part, {}).get('error', 'not run')}.\n")
+            L.append(f"{HERE}/live_{part}.py ({what}): {R['P11'].get(part, {}).get('error', 'not run')}.\n")
     faults, cost = _ok(R, "faults"), _ok(R, "cost")
     if faults:
         L += _faults_section(faults) + _join_section(faults)

@@ -1,6 +1,6 @@
 """P11: what live mode costs per step: the table's bytes, its in-process work, and its allreduce among 3 processes.
 
-    python bench/live_cost.py [--quick] [--steps N] [--out FILE.json]
+    PYTHONPATH=.:bench python bench/goals/p11_live/live_cost.py [--quick] [--steps N] [--out FILE.json]
 
 For each configuration (lanes in all, data-parallel ranks per replica group, i.e. slots) three replica
 groups hold ``LiveLanes`` of slot 0 over the drill's recipe (bundled demo corpus, seq_len 32, batch 2,
@@ -31,7 +31,7 @@ from typing import Any
 
 from measure import emit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 REPLICAS = 3
 #: name -> (canonical_replicas, data-parallel ranks per replica group)
 CONFIGS = {"12 lanes (the drill's)": (12, 1), "8 lanes": (8, 1), "256 lanes": (256, 1), "4096 lanes": (4096, 1),

@@ -1,6 +1,7 @@
 """Hugging Face datasets' Arrow files: Zephon's ``ArrowSource`` beside ``datasets`` itself, on the same documents.
 
-    python bench/format_arrow.py [--work DIR] [--quick] [--shards N] [--out FILE.json]
+    PYTHONPATH=.:bench python bench/goals/p10_formats/format_arrow.py
+        [--work DIR] [--quick] [--shards N] [--out FILE.json]
 
 The bench corpus's documents (bench/corpus.py: 20k, ``--quick`` 2k) are written once by
 ``datasets`` (``Dataset.from_dict(...).save_to_disk(..., num_shards=8)``) and read, in one
@@ -31,7 +32,7 @@ from typing import Any
 import corpus
 from measure import emit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 SEQ_LEN, BATCH, CHUNK, SEED = 512, 8, 256, 7
 

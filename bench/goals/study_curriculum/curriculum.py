@@ -1,6 +1,6 @@
 """Staged curricula on the bench corpus: realized token shares, stage boundaries, throughput, index cost.
 
-    source scripts/env.sh && PYTHONPATH=. $ZEPHON_PY bench/curriculum.py [--quick]
+    source scripts/env.sh && PYTHONPATH=.:bench $ZEPHON_PY bench/goals/study_curriculum/curriculum.py [--quick]
 
 The bench corpus (bench/corpus.py, built once under bench/.work) is split into
 three sources by document length (shortest, middle and longest thirds), the
@@ -50,7 +50,7 @@ from zephon_core import (
     token_counter,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 WORK = ROOT / "bench" / ".work"
 SEQ_LEN, BATCH, C, EOS = 512, 8, 8, 1

@@ -1,4 +1,5 @@
-"""P4S: checkpoint aggregation at cluster scale (bench/aggregate_scale.py: simulated and real ranks, 2 CPUs for all).
+"""P4S: checkpoint aggregation at cluster scale (aggregate_scale.py, this package: simulated and real ranks, 2 CPUs
+for all).
 
 ``--only P4S`` runs the cases on a folder; ``--only P4S3`` the 16,384-rank one on the loopback S3 server.
 """
@@ -11,7 +12,7 @@ from measure import emit
 
 TARGETS = {"P4S_512_processes_s": 1.0, "P4S_16k_local_s": 3.0, "P4S_16k_s3_s": 10.0, "P4S_ops_per_rank": 5.0,
            "P4S_16k_many_lanes_local_s": 10.0}
-# name -> bench/aggregate_scale.py's arguments. 16,384 ranks as TorchTitan lays out Llama-3 405B's 16k GPUs
+# name -> aggregate_scale.py's arguments. 16,384 ranks as TorchTitan lays out Llama-3 405B's 16k GPUs
 # (tp 8, pp 16, dp 128: 128 lanes), and as a job without pipeline stages lays them out (tp 8, pp 1, dp 2,048:
 # 2,048 lanes, a merged state 16 times as large, which every rank reads: the bytes read per checkpoint grow
 # with ranks x lanes); real processes with every rank its own dp group (every rank writes: the heaviest
@@ -35,8 +36,8 @@ CASES = {
 
 
 def case_aggregate_scale(a: dict) -> None:
-    """bench/aggregate_scale.py with the command-line arguments ``a["argv"]``: simulated ranks at cluster scale."""
-    import aggregate_scale
+    """aggregate_scale.py with the command-line arguments ``a["argv"]``: simulated ranks at cluster scale."""
+    from goals.p4s_scale import aggregate_scale
 
     emit(aggregate_scale.run(aggregate_scale.parse(a["argv"])))
 
@@ -116,10 +117,11 @@ def _rows(name: str, res: dict) -> list[str]:
 def section(R: dict, B: dict) -> list[str]:
     if not R.get("P4S"):
         return []
-    L = ["## P4S checkpoint aggregation at cluster scale (bench/aggregate_scale.py; 2 CPUs for every rank)\n"]
+    L = ["## P4S checkpoint aggregation at cluster scale (bench/goals/p4s_scale/aggregate_scale.py; 2 CPUs for every "
+         "rank)\n"]
     L.append("Round 1 is a launch's first checkpoint (every rank writes); later rounds, only each dp group's "
              "representative. Latency: last rank done - first rank's call. Operations and bytes: per rank per "
-             "checkpoint (bench/fsops.py).\n")
+             "checkpoint (zephon_dev/fsops.py).\n")
     L.append("| case | round | latency s | CPU s | writers | metadata ops / rank (max) | kB read / rank | "
              "MB read / checkpoint | B written / rank | S3 requests / rank |")
     L.append("|---|---|---|---|---|---|---|---|---|---|")

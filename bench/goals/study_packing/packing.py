@@ -1,6 +1,7 @@
 """Packing modes compared: padding, documents cut, tokens/s of concat, pad, first_fit and best_fit.
 
-    $ZEPHON_PY bench/packing.py [--work DIR] [--docs N] [--window 1024] [--out FILE.json]
+    PYTHONPATH=bench $ZEPHON_PY bench/goals/study_packing/packing.py
+        [--work DIR] [--docs N] [--window 1024] [--out FILE.json]
 
 Two corpora, each one epoch of one pretokenized source (``TokenArraySource``, chunks of 64
 documents, ``exhausted="stop"``), at seq_len 2048 and 8192:
@@ -37,7 +38,7 @@ import corpus
 import numpy as np
 from measure import emit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 MODES = ("concat", "pad", "first_fit", "best_fit")
 SEQ_LENS = (2048, 8192)

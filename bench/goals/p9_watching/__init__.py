@@ -1,5 +1,5 @@
-"""P9: what watching costs: tallies and ``stats()`` against no accounting (the standalone bench/stats_overhead.py,
-run through the script slot)."""
+"""P9: what watching costs: tallies and ``stats()`` against no accounting (the standalone
+stats_overhead.py of this package, run through the script slot)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def section(R: dict, B: dict) -> list[str]:
     x = R.get("P9")
     if not x or "error" in x:
         return []
-    L = [f"## P9 what watching costs (bench/stats_overhead.py; tokens per CPU second, median of {x['rounds']} "
-         "rounds)\n",
+    L = [f"## P9 what watching costs (bench/goals/p9_watching/stats_overhead.py; tokens per CPU second, median of "
+         f"{x['rounds']} rounds)\n",
          f"| pipeline | no accounting | tallies (default) | + stats() every {x['log_every']} batches | "
          "+ stats() every batch |",
          "|---|---|---|---|---|"]
@@ -42,4 +42,4 @@ def section(R: dict, B: dict) -> list[str]:
 
 
 GOAL = script_goal("P9", "what watching costs: tallies and stats() vs no accounting",
-                   Script("bench/stats_overhead.py", argv, timeout=1800), TARGETS, verdicts, section)
+                   Script("bench/goals/p9_watching/stats_overhead.py", argv, timeout=1800), TARGETS, verdicts, section)

@@ -1,8 +1,10 @@
 """Checkpoint aggregation at cluster scale: many simulated ranks, each with its own Aggregator and state.
 
-    python bench/aggregate_scale.py --ranks 16384 --tp 8 --pp 16 --backend local
-    python bench/aggregate_scale.py --ranks 16384 --tp 8 --pp 16 --backend s3 --latency-ms 20
-    python bench/aggregate_scale.py --ranks 512 --tp 1 --mode processes      (one real process per rank)
+    PYTHONPATH=.:bench python bench/goals/p4s_scale/aggregate_scale.py --ranks 16384 --tp 8 --pp 16 --backend local
+    PYTHONPATH=.:bench python bench/goals/p4s_scale/aggregate_scale.py
+        --ranks 16384 --tp 8 --pp 16 --backend s3 --latency-ms 20
+    PYTHONPATH=.:bench python bench/goals/p4s_scale/aggregate_scale.py
+        --ranks 512 --tp 1 --mode processes      (one real process per rank)
 
 Ranks are laid out as TorchTitan lays out its mesh (``pp, dp, cp, tp``, tp
 innermost): global rank ``((pp_i * dp + g) * cp + cp_i) * tp + tp_i`` is in dp
@@ -39,7 +41,7 @@ from zephon_core.checkpoint.aggregate import Aggregator
 from zephon_core.checkpoint.state import canonical_json, make_state
 from zephon_dev.fsops import count
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def definition() -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""P10: the formats a corpus is already in (docs/formats.md): each ``bench/format_*.py`` measures Zephon's source
-through a pipeline beside the peer library that owns the format, on the same documents in the same process.
+"""P10: the formats a corpus is already in (docs/formats.md): each ``format_*.py`` of this package measures Zephon's
+source through a pipeline beside the peer library that owns the format, on the same documents in the same process.
 
 Each script prints one ``RESULT {json}`` line in its own shape; ``SIDES`` reads, per format, the figures this
 goal compares: start-up seconds, documents/s and tokens/s of each side, and start-up over many shards.
@@ -13,6 +13,7 @@ from typing import Any
 from goal import Script, Target, script_goal, verdict
 from harness import fmt
 
+HERE = "bench/goals/p10_formats"
 # New with P10 (no earlier target): Zephon's source delivers tokens at least as fast as the format's own reader.
 TARGETS = {"P10_tokens_vs_peer": 1.0}
 
@@ -58,8 +59,8 @@ SIDES: dict[str, tuple[str, str, str, Callable[[dict], dict]]] = {
     "megatron on s3 (20 ms, block order)": ("megatron_s3", "MegatronIndexedSource", "megatron-core (IndexedDataset)",
                                             _megatron_s3),
 }
-SCRIPTS = {name: Script(f"bench/format_{name}.py", timeout=1800) for name in ("webdataset", "mds", "arrow",
-                                                                              "megatron_s3")}
+SCRIPTS = {name: Script(f"{HERE}/format_{name}.py", timeout=1800)
+           for name in ("webdataset", "mds", "arrow", "megatron_s3")}
 
 
 def sides(R: dict) -> dict[str, dict]:
@@ -95,8 +96,8 @@ def _k(x: float | None) -> str:
 def section(R: dict, B: dict) -> list[str]:
     if "P10" not in R:
         return []
-    L = ["## P10 formats: Zephon's source beside the format's own reader (bench/format_*.py, same documents, same "
-         "process)\n",
+    L = [f"## P10 formats: Zephon's source beside the format's own reader ({HERE}/format_*.py, same documents, "
+         "same process)\n",
          "| format | Zephon | peer | start-up s (Zephon / peer) | docs/s (Zephon / peer) | tokens/s (Zephon / peer) "
          "| x peer tokens/s | start-up at N shards: N, Zephon s / peer s |",
          "|---|---|---|---|---|---|---|---|"]
@@ -108,7 +109,7 @@ def section(R: dict, B: dict) -> list[str]:
                  f"{n if n is not None else 'n/a'}: {fmt(zm, '.2f')} / {fmt(pm, '.2f')} |")
     for script, res in R["P10"].items():
         if "error" in res:
-            L.append(f"\nbench/format_{script}.py: {res['error']}.")
+            L.append(f"\n{HERE}/format_{script}.py: {res['error']}.")
     L.append("\nStart-up: the source ready (no manifest) vs the peer ready; arrow's tokens/s: the pipeline's packed "
              "tokens vs datasets' batches tokenized; megatron on s3: through a proxy adding 20 ms per request, the "
              "many-prefix start-up with a manifest. The scripts' every field is in results.json (`P10`).\n")

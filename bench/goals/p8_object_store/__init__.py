@@ -1,11 +1,12 @@
 """P8: object-store reads: range GETs per 1M tokens and tokens/s with 20 ms per request, against local disk
-(bench/sources_scale.py's ``case_s3_reads``)."""
+(``case_s3_reads`` in s3_reads.py, this package)."""
 
 from __future__ import annotations
 
-import sources_scale
 from goal import Goal, Target, verdict
 from harness import Context, log
+
+from goals.p8_object_store import s3_reads
 
 TARGETS = {"P8_gets_per_1m_tokens": 10.0, "P8_s3_over_local": 0.5}
 
@@ -46,4 +47,4 @@ def section(R: dict, B: dict) -> list[str]:
 
 
 GOAL = Goal("P8", "object-store reads (GETs per 1M tokens, 20 ms latency)", TARGETS, verdicts, section, run=run,
-            cases={"s3_reads": lambda a: sources_scale.main("s3_reads", a)})
+            cases={"s3_reads": s3_reads.case})

@@ -1,6 +1,7 @@
 """P9: what watching a run costs: P1/P2 throughput with ``Pipeline.stats()`` every batch vs no accounting at all.
 
-    python bench/stats_overhead.py [--work DIR] [--rounds N] [--seconds S] [--out FILE.json]
+    PYTHONPATH=.:bench python bench/goals/p9_watching/stats_overhead.py
+        [--work DIR] [--rounds N] [--seconds S] [--out FILE.json]
 
 Three variants of the same pipeline run in one process, interleaved round by round (load on a
 shared machine drifts over minutes, so every ratio compares neighbouring measurements):
@@ -32,7 +33,7 @@ from typing import Any
 import corpus
 from measure import emit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 SEQ_LEN, BATCH, SEED = 512, 8, 7
 VARIANTS = ("off", "default", "stats", "stats_every_batch")

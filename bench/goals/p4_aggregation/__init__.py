@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import shutil
 
-import aggregate_ranks
 from goal import Goal, Target, row, verdict
 from harness import Context, fmt, log
+
+from goals.p4_aggregation import aggregate_ranks
 
 # P4_8_ranks_ms holds on a folder, where a store call takes microseconds. On an object store a round is
 # counted in the store's own round trips (its median read and write, measured in the same run after the

@@ -1,6 +1,6 @@
 """WebDataset tar shards: zephon_core's ``WebDatasetSource`` beside the ``webdataset`` package on the same documents.
 
-    python bench/format_webdataset.py [--work DIR] [--quick] [--out FILE.json]
+    PYTHONPATH=.:bench python bench/goals/p10_formats/format_webdataset.py [--work DIR] [--quick] [--out FILE.json]
 
 The bench corpus's documents (``bench/corpus.py``: seeded arrangements of real English prose) are written
 once by ``webdataset.ShardWriter`` as tar shards (each sample a ``.txt``, a ``.json`` and a ``.cls``
@@ -33,7 +33,7 @@ from typing import Any
 import corpus
 from measure import emit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 SEQ_LEN, BATCH, SEED, TOKENIZE_BATCH = 512, 8, 20261129, 64
 VERSION = 1
