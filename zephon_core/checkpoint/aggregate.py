@@ -54,7 +54,7 @@ ranks within ``world_size / follow_budget`` seconds of that, then after that lon
 again and twice as long each time (``folder.Pacing``, ``follower.Expectation``).
 Timing only: no step above depends on it. A rank's part in a round is written as steps
 (``Aggregator.steps``) that yield their pauses, so that one process can simulate
-thousands of ranks (bench/aggregate_scale.py).
+thousands of ranks (bench/goals/p4s_scale/aggregate_scale.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ only a record that matches its SHA-256. Listings are never cached.
 
 Every file-system operation goes through ``AggregateFolder.io``, one call per
 operation (an ``open``, a ``rename``, a listing, one request to a store), so
-that a wrapper can count them (``tests/support/fsops.py``).
+that a wrapper can count them (``zephon_dev/fsops.py``).
 """
 
 from __future__ import annotations

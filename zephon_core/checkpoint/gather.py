@@ -21,7 +21,7 @@ T = TypeVar("T")
 
 #: A rank's part in a round, step by step: it yields the seconds to pause before its next step and
 #: returns its result. ``Aggregator.checkpoint`` sleeps through the pauses; a simulation of many ranks
-#: can run them as tasks of one event loop (bench/aggregate_scale.py).
+#: can run them as tasks of one event loop (bench/goals/p4s_scale/aggregate_scale.py).
 Steps = Generator[float, None, T]
 
 

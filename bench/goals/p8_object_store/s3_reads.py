@@ -71,7 +71,7 @@ def case_s3_reads(a: dict) -> dict:
     batches = a.get("batches", 60)
     # A page pool well under the corpus (80 MB), as 256 MiB is under any real corpus: otherwise
     # the whole corpus would stay in memory and per-document order would look as cheap as blocks.
-    from zephon_core.sources import remote
+    from zephon_core.io import remote
 
     remote.PAGES.budget_bytes = PAGE_POOL_MB << 20
     out: dict[str, Any] = {"latency_ms": 20, "batches": batches, "page_pool_mb": PAGE_POOL_MB}
