@@ -206,6 +206,13 @@ def test_elastic_resume_dp2_to_dp1_to_dp2_keeps_every_step(runs):
         assert dp1[s] == ref[s], f"global step {s} changed after resuming DP=2 on DP=1"
     for s in (5, 6):
         assert dp2[s] == ref[s], f"global step {s} changed after resuming DP=1 on DP=2"
+    # Rank 0 says which recipe and lanes fed each launch, and where a resumed loader state stood (once each).
+    start_up = "canonical_replicas=4, data-parallel degree 2, 2 lane(s) per data-parallel rank"
+    assert runs("tp_ref").text.count(start_up) == 1
+    said = {"dp1": "at step 3 (12 batches delivered over 4 lanes) from dp=2 to dp=1",
+            "dp2": "at step 4 (16 batches delivered over 4 lanes) from dp=1 to dp=2"}
+    for name, where in said.items():
+        assert runs(name).text.count(f"zephon: loader state restored {where}") == 1, runs(name).log_tail()
     # DP=1 wrote one state file per data-parallel rank it had (one); DP=2 resumed from it.
     assert sorted(p.name for p in (runs("dp1").run_dir / "loader" / "iter_0000004" / "mp_rank_00").iterdir()) == [
         "train_dataloader_dprank000.pt"
@@ -228,8 +235,10 @@ def test_loader_state_files_are_json_and_inspectable(runs, capsys):
 def test_refuses_deadlocking_attention_mask_and_uneven_lanes_at_start_up(runs):
     r = runs("refuse_startup")
     assert r.returncode != 0 and not r.timed_out
-    assert "--no-create-attention-mask-in-dataloader" in r.text
-    assert "not a multiple of canonical_replicas=3" in r.text
+    # Said once, by rank 0, at pretrain() entry; no rank prints a traceback of its own.
+    assert r.text.count("not a multiple of canonical_replicas=3") == 1, r.log_tail()
+    assert r.text.count("--no-create-attention-mask-in-dataloader (or --reset-attention-mask") == 1, r.log_tail()
+    assert "ZephonMegatronError" not in r.text and "[rank0]:Traceback" not in r.text, r.log_tail()
     assert "iteration        1/" not in r.text  # stopped before the first step
 
 

@@ -109,6 +109,12 @@ def test_elastic_resume_keeps_every_step(runs, name, ref):
         assert got[step] == want[step], f"global step {step} changed after resuming {name}"
     for step in (5, 6):  # the loss continues from the checkpoint, not from scratch
         assert abs(res.losses[step] - runs(ref)[0].losses[step]) < 0.05
+    # Rank 0 says where the loader state stood and onto which degree it went, once (0.2 and 0.3 alike).
+    before, after = (4, 2) if name == "elastic4to2" else (2, 4)
+    said = f"zephon: loader state restored at step 4 (16 batches delivered over 4 lanes) from dp={before} to dp={after}"
+    assert res.log_text().count(said) == 1, res.log_text()[-3000:]
+    assert f"canonical_replicas=4, data-parallel degree {after}, {C // after} lane(s) per data-parallel rank" in (
+        res.log_text())
 
 
 def test_tensor_parallel_peers_receive_identical_batches(runs):
@@ -129,7 +135,9 @@ def test_misconfigured_canonical_replicas_fails_before_the_first_step(runs, tmp_
     r = launch(runs.version, 2, tmp_path / "bad", steps=2, loader={"canonical_replicas": 3}, check=False, timeout=600)
     assert r.returncode != 0
     text = r.log_text()
-    assert "canonical_replicas=3 is not divisible by the data-parallel degree 2" in text
+    # Said once, as rank 0's log line; every rank ends with status 1 and no traceback of its own.
+    assert text.count("canonical_replicas=3 is not divisible by the data-parallel degree 2") == 1, text[-3000:]
+    assert "[rank0]:Traceback" not in text and "IntegrationError" not in text, text[-3000:]
     assert not r.losses, "training must not start"
 
 

@@ -10,6 +10,8 @@ live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds
   loaded once, the lanes resolved once, coordination, held-out sets, step rules; ``problems`` -> ``refuse``);
 * ``rules``: the start-up rules of the elastic guarantee (``topology_problems``, ``refuse``), worded
   in the framework's ``Terms``;
+* ``announce``: the lines an adapter logs about Zephon (``startup_line``: recipe, lanes, data-parallel degree;
+  ``lanes_line``: a rank's lanes; ``restored_line``: where a resumed state stood, from and to which degree);
 * ``metrics``: ``IntervalMetrics``, ``Pipeline.stats()`` as a framework's logger shows it every interval;
 * ``source_loss``: per-source training loss (``label_sources(batch)``: a source id per label token;
   ``SourceLoss``, a step's reduced figures; ``add_source_loss_hook`` / ``publish_source_loss``);
@@ -25,6 +27,7 @@ live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds
 
 from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.errors import IntegrationError
+from zephon_core.integration.announce import lanes_line, restored_line, startup_line
 from zephon_core.integration.batch_log import (
     ENV as BATCH_LOG_ENV,
 )
@@ -99,6 +102,7 @@ __all__ = [
     "load_tokenizer",
     "log_line",
     "next_multiple",
+    "lanes_line",
     "open_batch_log",
     "parse_lanes",
     "pipeline_options",
@@ -108,6 +112,8 @@ __all__ = [
     "startup_plan",
     "resolve_canonical_replicas",
     "resolve_coordination",
+    "restored_line",
+    "startup_line",
     "source_loss_of",
     "topology_problems",
     "warn_unknown_step_size",

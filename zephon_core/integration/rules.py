@@ -4,6 +4,7 @@ framework's own terms (``Terms``): ``topology_problems`` lists them, ``refuse`` 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -76,12 +77,39 @@ def next_multiple(value: int, of: int) -> int:
     return of * max(1, -(-value // of))
 
 
-def refuse(problems: list[str], error: type[IntegrationError] = IntegrationError) -> None:
-    """Raise ``error`` naming every problem (nothing when there is none)."""
-    if len(problems) == 1:
-        raise error(f"zephon: {problems[0]}")
-    if problems:
-        raise error("zephon: this run cannot start:\n" + "\n".join(f"  - {p}" for p in problems))
+def refuse(problems: list[str], error: type[IntegrationError] = IntegrationError, *, rank: int | None = None) -> None:
+    """Raise ``error`` naming every problem (nothing when there is none).
+
+    ``rank``: this process's global rank when it is one of a launcher's processes (torchrun). Every rank
+    refuses alike, so the message is said once, as a log line of rank 0, and the error raised also ends its
+    process quietly: with status 1 and no traceback (``except IntegrationError`` still catches it).
+    """
+    if not problems:
+        return
+    message = f"zephon: {problems[0]}" if len(problems) == 1 else (
+        "zephon: this run cannot start:\n" + "\n".join(f"  - {p}" for p in problems))
+    if rank is None:
+        raise error(message)
+    if rank == 0:
+        logging.getLogger("zephon").error(message)
+    raise _quiet(error)(message)
+
+
+#: Each error type's quiet twin, made once (``except`` clauses and tests compare types).
+_QUIET: dict[type[IntegrationError], type[IntegrationError]] = {}
+
+
+def _quiet(error: type[IntegrationError]) -> type[IntegrationError]:
+    """``error`` that is also a ``SystemExit`` with status 1: Python ends the process on it without a traceback."""
+    if error not in _QUIET:
+
+        def __init__(self: SystemExit, message: str) -> None:
+            error.__init__(self, message)
+            self.code = 1
+
+        namespace = {"__init__": __init__, "__module__": error.__module__}
+        _QUIET[error] = type(error.__name__, (error, SystemExit), namespace)
+    return _QUIET[error]
 
 
 def warn_unknown_step_size(framework: str, how: str) -> None:

@@ -39,13 +39,23 @@ the loader state of the checkpoint Megatron reloads, as any resume does.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_core import Pipeline
-from zephon_core.integration import Asked, Facts, Recipe, StartupPlan, startup_plan
+from zephon_core import Pipeline, owned_lanes
+from zephon_core.integration import (
+    Asked,
+    Facts,
+    Recipe,
+    StartupPlan,
+    lanes_line,
+    restored_line,
+    startup_line,
+    startup_plan,
+)
 from zephon_megatron import state as loader_state
 from zephon_megatron.args import Settings
 from zephon_megatron.batches import BatchFormat
@@ -234,6 +244,7 @@ class RankLoader:
             dp_degree=place.dp, dp_rank=place.dp_rank, world_size=place.dp if place.saves else 1,
             global_rank=place.dp_rank)
         check_run(args, self.plan, Steps.of(args, schedule), megatron_broadcast=ROUTE["megatron_broadcast"])
+        self._announce(resumed)
         self.tok, self.eod = (None, None)
         if place.tp_rank == 0:
             self.tok, self.eod = _tokenizer(args, self.plan.recipe, settings)
@@ -241,6 +252,19 @@ class RankLoader:
         if place.loads:
             self.stream = self._stream(schedule, resumed)
         self.metrics = MegatronMetrics.set_up(args, self.stream) if settings.log_metrics else None
+
+    def _announce(self, resumed: loader_state.LoaderState | None) -> None:
+        """The start-up line and, resuming, where the loader state stood (rank 0); each rank's lanes at debug."""
+        _print_rank0(startup_line(self.plan, "Megatron"))
+        if resumed is not None:
+            _print_rank0(restored_line(resumed.state, dp_degree=self.place.dp, batches_per_step=None,
+                                       step=int(getattr(self.args, "iteration", 0) or 0)))
+        if self.place.loads:
+            lanes = owned_lanes(int(self.plan.canonical_replicas or self.place.dp), self.place.dp, self.place.dp_rank)
+            import torch.distributed as dist
+
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            logging.getLogger("zephon_megatron").debug(lanes_line(rank, self.place.dp_rank, lanes))
 
     def _stream(self, schedule: BatchSchedule, resumed: loader_state.LoaderState | None) -> TrainStream:
         place, args, plan = self.place, self.args, self.plan

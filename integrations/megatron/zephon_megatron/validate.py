@@ -9,6 +9,7 @@ final. Each message says what to change.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -230,10 +231,21 @@ def problems(s: RunShape) -> list[str]:
     return out
 
 
+def launched_rank() -> int | None:
+    """This process's global rank when torchrun started it among others (None: a process of its own); the
+    checks at ``pretrain()`` entry run before Megatron initialises torch.distributed, so torchrun's variables."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() if dist.get_world_size() > 1 else None
+    return int(os.environ["RANK"]) if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ else None
+
+
 def check(s: RunShape, plan: StartupPlan | None = None) -> None:
     """Raise ``ZephonMegatronError`` listing every rule ``plan`` breaks (in Megatron's terms) and every problem
-    of ``s``."""
-    refuse((plan.problems(terms(s)) if plan is not None else []) + problems(s), ZephonMegatronError)
+    of ``s`` (under torchrun: said once, by rank 0, and every rank ends with status 1 without a traceback)."""
+    refuse((plan.problems(terms(s)) if plan is not None else []) + problems(s), ZephonMegatronError,
+           rank=launched_rank())
 
 
 def shape_of(args: Any, plan: StartupPlan, steps: Steps | None = None, *, megatron_broadcast: bool = True) -> RunShape:

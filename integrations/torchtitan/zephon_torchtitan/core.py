@@ -9,6 +9,7 @@ TOML job files); the settings both declare, in ``settings.py``.
 from __future__ import annotations
 
 import json
+import logging
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -24,8 +25,11 @@ from zephon_core.integration import (
     StartupPlan,
     Terms,
     audited,
+    lanes_line,
     next_multiple,
     refuse,
+    restored_line,
+    startup_line,
     startup_plan,
 )
 from zephon_torchtitan.settings import (
@@ -38,6 +42,8 @@ from zephon_torchtitan.source_loss import SourceLossTally
 IGNORE_INDEX = -100
 #: DCP key under ``dataloader.``; one value, identical on every rank (the merged state).
 STATE_KEY = "zephon_state"
+#: TorchTitan logs through the root logger: this child's records print among its own lines.
+LOG = logging.getLogger("zephon_torchtitan")
 
 class TokenizerAdapter:
     """Encodes with a TorchTitan tokenizer; batch-encodes through its ``tokenizers.Tokenizer``."""
@@ -89,6 +95,12 @@ def coordination_identity() -> tuple[int, int]:
     return 1, 0
 
 
+def launched_rank() -> int | None:
+    """This process's global rank when it is one of a job's processes (None: a process of its own)."""
+    world_size, rank = coordination_identity()
+    return rank if world_size > 1 else None
+
+
 def asked_of(settings: Settings, run_id_suffix: str = "") -> Asked:
     """What the user set through the adapter (empty or 0: unset, the recipe's or the default applies), and the
     suffix of a torchft replica group's run_id."""
@@ -136,7 +148,7 @@ class ZephonStream:
         facts = facts_of(dp_world_size=dp_world_size, dp_rank=dp_rank, local_batch_size=local_batch_size,
                          batches_per_step=batches_per_step, validation=validation)
         self.plan: StartupPlan = plan_of(settings, facts, run_id_suffix)
-        refuse(self.plan.problems(TERMS))
+        refuse(self.plan.problems(TERMS), rank=launched_rank())
         recipe = self.plan.recipe
         tok = TokenizerAdapter(tokenizer) if not recipe.pretokenized else None
         # pipelines_per_node is left to the core's default: LOCAL_WORLD_SIZE, set by torchrun.
@@ -159,6 +171,14 @@ class ZephonStream:
         self._iter: Iterator[Any] | None = None
         if not validation:
             _TRAINING_STREAM["latest"] = weakref.ref(self)
+            self._announce()
+
+    def _announce(self) -> None:
+        """The start-up line on rank 0, each rank's lanes at debug level."""
+        ident = self.pipeline.identity
+        if ident.global_rank == 0:
+            LOG.info(startup_line(self.plan, "TorchTitan"))
+        LOG.debug(lanes_line(coordination_identity()[1], ident.dp_group_id, ident.lanes))
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         if self.live is not None:
@@ -183,7 +203,11 @@ class ZephonStream:
             raise IntegrationError(
                 f"zephon: the checkpoint's dataloader state has no {STATE_KEY!r} (keys: {sorted(state_dict)}); it was not written by the Zephon loader"
             )
-        self.pipeline.restore(decode_state(state_dict[STATE_KEY]))
+        state = decode_state(state_dict[STATE_KEY])
+        self.pipeline.restore(state)
+        if coordination_identity()[1] == 0:
+            LOG.info(restored_line(state, dp_degree=self.plan.facts.dp_degree, step=None,
+                                   batches_per_step=self.batches_per_step))
 
 
 #: The training stream this process built last (TorchTitan builds one training loader per process),

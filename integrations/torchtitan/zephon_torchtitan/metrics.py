@@ -14,14 +14,10 @@ each source over those steps) and hands the figures to ``zephon_core.integration
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from zephon_core.integration import IntervalMetrics, LoggedFigures, SourceLoss, publish_source_loss
-from zephon_torchtitan.core import training_stream
-
-#: TorchTitan logs through the root logger: this child's records print among its own lines.
-LOG = logging.getLogger("zephon_torchtitan")
+from zephon_torchtitan.core import LOG, training_stream
 
 
 class TrainingMetrics:
