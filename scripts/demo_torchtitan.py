@@ -6,7 +6,8 @@
 3. every global step's batches are compared with Zephon's own plan for an
    uninterrupted run, and the losses are shown across the resize.
 
-CPU-only TorchTitan needs the CPU launcher in scripts/torchtitan_cpu (which the e2e tests use too).
+CPU-only TorchTitan needs the CPU shim zephon_torchtitan/cpu/shim.py, launched through scripts/torchtitan_cpu
+(which the e2e tests use too; `python -m zephon_torchtitan.cpu` is the same run as a package command).
 """
 
 from __future__ import annotations

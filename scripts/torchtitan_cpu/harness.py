@@ -6,9 +6,9 @@
     r.losses        # {1: 8.08487, 2: 8.03077, ...}
 
 Each call runs ``torchrun --standalone`` (the rendezvous binds a free port) on
-``launch.py``, the CPU shim, with a wall-clock timeout, and writes the console
-log (rank ``log_rank`` only) next to the checkpoints.  Resume = call again with
-the same ``dump_folder`` and a larger ``--training.steps``.
+the CPU shim ``zephon_torchtitan/cpu/shim.py`` (by path, as ``python -m zephon_torchtitan.cpu``
+does), with a wall-clock timeout, and writes the console log (rank ``log_rank`` only) next to
+the checkpoints.  Resume = call again with the same ``dump_folder`` and a larger ``--training.steps``.
 
 Version selection: "0.3"/"0.3.0" use the torchtitan installed in the venv;
 "0.2"/"0.2.2" put ``$ZEPHON_TT022`` (the ``--target`` install made by
@@ -22,6 +22,7 @@ CLI (prints the result as JSON)::
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -33,7 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-LAUNCH = HERE / "launch.py"
+# Found without importing zephon_torchtitan: its __init__ imports torchtitan (0.3 here even for a 0.2 launch).
+LAUNCH = Path(importlib.util.find_spec("zephon_torchtitan").origin).parent / "cpu" / "shim.py"
 TOML_022 = HERE / "configs" / "llama3_debug_cpu_022.toml"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -2,11 +2,12 @@
 
 Each launch takes its command from the docs (``doc_commands``), so a doc that changes
 changes what runs here. Where the docs assume GPUs, the command goes through the
-documented CPU launchers (``scripts/torchtitan_cpu/launch.py``, the Megatron
-``cpu_entry.py`` shim) with only what they document as different on a CPU.
-Each run also checks that ``zephon trace`` on the training recipe prints exactly
-the batches the run logged (``ZEPHON_BATCH_LOG``), and ``zephon inspect`` reads its
-checkpoints. Five launches, about 3-4 minutes on 2 cores.
+documented CPU launchers (``zephon_torchtitan/cpu/shim.py``, Megatron's
+``zephon_megatron.cpu.entry``) with only what they document as different on a CPU;
+each framework's laptop command (``python -m zephon_torchtitan.cpu``,
+``python -m zephon_megatron.cpu``) runs as written. Each run also checks that
+``zephon trace`` on the training recipe prints exactly the batches the run logged
+(``ZEPHON_BATCH_LOG``), and ``zephon inspect`` reads its checkpoints. Nine launches, about 6-8 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,38 @@ def test_readme_demo_runs_as_written():
     r = subprocess.run(cmd.argv(), cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "every global step's samples matched the uninterrupted plan" in r.stdout
+
+
+def run_laptop_command(module: str, workdir: Path, *, framework: str, lanes: int, step: int) -> str:
+    """The docs' `python -m MODULE` (this environment's python, a kept --workdir): dp=4, a checkpoint at ``step``,
+    resumed on dp=2; rank 0 says which recipe and lanes fed each launch and, once, where the state stood."""
+    argv = find(rf"^python -m {re.escape(module)}$").argv()
+    r = subprocess.run([sys.executable, *argv[1:], "--workdir", str(workdir)], capture_output=True, text=True,
+                       timeout=1200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert out.count(f"zephon: {framework} fed by recipe ") == 2
+    for dp in (4, 2):
+        per_rank = f"{lanes // dp} lane(s) per data-parallel rank"
+        assert f"canonical_replicas={lanes}, data-parallel degree {dp}, {per_rank}" in out
+    per_step = {"TorchTitan": 4, "Megatron": 8}[framework]  # batches of a step: global / local batch size
+    said = (f"zephon: loader state restored at step {step} ({step * per_step} batches delivered over {lanes} lanes) "
+            "from dp=4 to dp=2")
+    assert out.count(said) == 1, out[-4000:]
+    return out
+
+
+def test_torchtitan_on_a_laptop_trains_checkpoints_and_resumes_on_another_dp(tmp_path):
+    out = run_laptop_command("zephon_torchtitan.cpu", tmp_path / "work", framework="TorchTitan", lanes=4, step=4)
+    losses = tt.parse_log(out)["losses"]
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6] and losses[6] < losses[1], losses
+    assert (tmp_path / "work" / "checkpoint" / "step-6").is_dir()
+
+
+def test_megatron_on_a_laptop_trains_checkpoints_and_resumes_on_another_dp(tmp_path):
+    out = run_laptop_command("zephon_megatron.cpu", tmp_path / "work", framework="Megatron", lanes=8, step=3)
+    assert sorted(mg.parse_losses(out)) == [1, 2, 3, 4, 5, 6]
+    assert (tmp_path / "work" / "loader-state" / "iter_0000006").is_dir()
 
 
 def test_torchtitan_022_job_file_runs_as_written(tmp_path):

@@ -1,7 +1,7 @@
 """Megatron-LM's real ``pretrain()`` fed by Zephon, under torchrun on CPU (test only).
 
-``launch()`` runs ``cpu_entry.py`` (CPU shim, then one of the adapter's entry
-points) under ``torchrun`` with a rendezvous on a free port, inside coreutils
+``launch()`` runs ``zephon_megatron.cpu.entry`` (the CPU shim, then one of the adapter's entry
+points, as ``python -m zephon_megatron.cpu`` does) under ``torchrun`` with a rendezvous on a free port, inside coreutils
 ``timeout``. ``run()`` adds the CPU flags, a tiny GPT, the Zephon flags and a
 per-rank ``ZEPHON_BATCH_LOG``; ``make_assets()`` writes the test corpora
 (Megatron ``.bin``/``.idx`` written with megatron-core's own builder, and a
@@ -35,34 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zephon_core.integration.batch_log import read_batch_log
+from zephon_megatron.cpu.trial import CPU_ENV, CPU_FLAGS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-ENTRY = HERE / "cpu_entry.py"
 STAND_IN = HERE / "pretrain_tiny_gpt.py"
 CORPUS = ROOT / "configs" / "corpus"
-
-# Megatron on CPU with gloo: no fused kernels, no TransformerEngine, no
-# CUDA-only gradient clipping.
-CPU_FLAGS = [
-    "--distributed-backend", "gloo",
-    "--transformer-impl", "local",
-    "--no-gradient-accumulation-fusion",
-    "--no-persist-layer-norm",
-    "--no-masked-softmax-fusion",
-    "--no-bias-gelu-fusion",
-    "--no-bias-dropout-fusion",
-    "--no-rope-fusion",
-    "--num-workers", "0",
-    "--clip-grad", "0.0",
-]
-
-CPU_ENV = {
-    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-    "TORCHDYNAMO_DISABLE": "1",
-    "OMP_NUM_THREADS": "1",
-    "PYTHONUNBUFFERED": "1",
-}
 
 VOCAB = 2048  # the bundled BPE's vocabulary; NullTokenizer's EOD is VOCAB - 1
 SEQ, MBS, GBS = 32, 2, 8
@@ -197,7 +175,7 @@ def per_iteration(logged: dict[int, float]) -> dict[int, float]:
 # -- launching -----------------------------------------------------------------------------
 def launch(entry_args: list[str], *, nproc: int, run_dir: Path, env: dict[str, str] | None = None,
            timeout: float = 300.0) -> RunResult:
-    """``torchrun --nproc-per-node nproc cpu_entry.py entry_args`` (free port, hard timeout)."""
+    """``torchrun --nproc-per-node nproc -m zephon_megatron.cpu.entry entry_args`` (free port, hard timeout)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "train.log"
     cmd = [
@@ -206,7 +184,7 @@ def launch(entry_args: list[str], *, nproc: int, run_dir: Path, env: dict[str, s
         "--nnodes", "1", "--nproc-per-node", str(nproc),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", uuid.uuid4().hex,
         "--max-restarts", "0",
-        str(ENTRY), *entry_args,
+        "-m", "zephon_megatron.cpu.entry", *entry_args,
     ]
     full_env = dict(os.environ)
     full_env.update(CPU_ENV)

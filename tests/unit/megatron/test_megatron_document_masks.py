@@ -7,8 +7,8 @@ across rows) of a Pipeline, turned into micro-batches by the adapter's own
 (``--dataloader-inter-document-masking``: ``cu_seqlens``/``max_seqlen``;
 ``--reset-attention-mask --reset-position-ids``: a per-document mask).
 
-Megatron side, in one spawned gloo process under the e2e CPU shim
-(tests/e2e/megatron_cpu/shim.py: CUDA placements become CPU ones):
+Megatron side, in one spawned gloo process under the CPU shim
+(zephon_megatron/cpu/shim.py: CUDA placements become CPU ones):
 megatron-core's ``GPTModel`` with its local layer spec (RoPE, 2 layers),
 ``flatten_batch_for_packed_sequences`` merging the rows' ``cu_seqlens`` as
 Megatron-LM's ``pretrain_gpt.py`` does, ``PackedSeqParams(qkv_format="thd")``
@@ -16,7 +16,7 @@ and Megatron's THD code in the attention layer (``[t, 1, ...]`` squeezed to
 THD, RoPE applied per sequence from ``cu_seqlens``). megatron-core's local
 ``DotProductAttention`` refuses packed sequences (checked here, in case a
 release lifts it) and TransformerEngine needs CUDA, so for THD the core
-attention is the test-only ``thd_attention.ThdDotProductAttention``: it turns
+attention is the CPU-only ``zephon_megatron.cpu.thd_attention.ThdDotProductAttention``: it turns
 ``cu_seqlens`` into a block-diagonal causal mask and runs Megatron's own
 ``DotProductAttention.forward`` with it. The dense-mask path and the control
 (plain causal: no ``cu_seqlens``, no mask; the untouched losses then move)
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import importlib.util
 from argparse import Namespace
-from pathlib import Path
 
 import gloo_workers
 import numpy as np
@@ -53,7 +52,6 @@ from zephon_core import MemorySource, Pipeline, StaticMixture  # noqa: E402
 SEQ, MBS = 64, 2
 DOCS = corpus()
 MODES = ("best_fit", "concat")
-CPU_SHIM = Path(__file__).resolve().parents[2] / "e2e" / "megatron_cpu"
 #: Megatron's flags -> the adapter's batch format (zephon_megatron.batches.BatchFormat.from_args).
 FLAGS = {
     "thd": Namespace(dataloader_inter_document_masking=True),
@@ -118,22 +116,15 @@ def _losses(model, mb: dict, packed: bool) -> torch.Tensor:
     return loss.reshape(B, L).float()
 
 
-def _by_path(name: str):
-    """A module of the e2e CPU shim's folder, loaded from its file (the folder is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"zephon_megatron_cpu_{name}", CPU_SHIM / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _worker(rank: int, out: str) -> None:
-    shim = _by_path("shim")
+    from zephon_megatron.cpu import shim
+
     shim.apply()
     from megatron.core import parallel_state, tensor_parallel
 
     parallel_state.initialize_model_parallel()
     tensor_parallel.model_parallel_cuda_manual_seed(0)
-    thd_attention = _by_path("thd_attention")
+    from zephon_megatron.cpu import thd_attention
 
     real = _model()
     thd = _model(thd_attention.ThdDotProductAttention)

@@ -1,4 +1,4 @@
-"""Test-only CPU shim for Megatron-LM's training loop (megatron-core >= 0.17).
+"""CPU shim for Megatron-LM's training loop (megatron-core >= 0.17): for trying and testing only.
 
 Megatron assumes CUDA everywhere: tensors are created with ``device='cuda'``,
 moved with ``.cuda()``, RNG state is tracked through ``torch.cuda``'s
@@ -23,8 +23,9 @@ exists on a CPU-only machine (with the CPU *or* the CUDA build of torch).
   ``cp_attention.ContextParallelAttention`` (keys and values all-gathered over
   the CP group), since megatron-core's local attention refuses CP.
 
-This is for tests only: it changes semantics (RNG streams, no overlap, no
-streams). Import it, call ``apply()`` before importing ``megatron``.
+This is for trying and testing only: it changes semantics (RNG streams, no
+overlap, no streams). Import it, call ``apply()`` before importing ``megatron``
+(``zephon_megatron.cpu.entry`` does).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import types
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -201,6 +203,17 @@ def _patch_torch_cuda() -> None:
     cuda.mem_get_info = _const((32 * 2**30, 64 * 2**30))
     cuda.memory.mem_get_info = _const((32 * 2**30, 64 * 2**30))
 
+    _patch_cuda_streams(cuda)
+    _patch_cuda_rng(cuda)
+
+    # Torch's optimizer step checks the accelerator's graph-capture state; the
+    # CUDA build with no driver fails there. Say there is no accelerator.
+    if hasattr(torch, "accelerator"):
+        torch.accelerator.current_accelerator = lambda *_a, **_k: None
+        torch.accelerator.is_available = lambda: False
+
+
+def _patch_cuda_streams(cuda: Any) -> None:
     cuda.Stream = _FakeStream
     cuda.Event = _FakeEvent
     cuda.current_stream = _const(_DEFAULT_STREAM)
@@ -214,7 +227,10 @@ def _patch_torch_cuda() -> None:
         range=lambda *_a, **_k: contextlib.nullcontext(),
     )
 
-    # RNG: the "CUDA" generator is the CPU default generator.
+
+
+def _patch_cuda_rng(cuda: Any) -> None:
+    """The "CUDA" generator is the CPU default generator."""
     cpu_gen = torch.default_generator
 
     def get_rng_state(device="cuda"):
@@ -246,12 +262,6 @@ def _patch_torch_cuda() -> None:
     cuda.random.manual_seed_all = manual_seed_all
     cuda.default_generators = (cpu_gen,)
 
-    # Torch's optimizer step checks the accelerator's graph-capture state; the
-    # CUDA build with no driver fails there. Say there is no accelerator.
-    if hasattr(torch, "accelerator"):
-        torch.accelerator.current_accelerator = lambda *_a, **_k: None
-        torch.accelerator.is_available = lambda: False
-
 
 def _patch_megatron() -> None:
     """Patches applied to Megatron modules (imported here, after torch.cuda)."""
@@ -279,12 +289,12 @@ def _patch_megatron() -> None:
             continue
         if getattr(mod, "_set_cuda_rng_state", None) is not None and mod is not mrandom:
             try:
-                mod._set_cuda_rng_state = _set_state
+                mod._set_cuda_rng_state = _set_state  # type: ignore[attr-defined]
             except Exception:  # pragma: no cover - read-only modules
                 pass
         if getattr(mod, "_get_cuda_rng_state", None) is not None and mod is not mrandom:
             try:
-                mod._get_cuda_rng_state = _get_state
+                mod._get_cuda_rng_state = _get_state  # type: ignore[attr-defined]
             except Exception:  # pragma: no cover
                 pass
 
@@ -320,11 +330,7 @@ def apply() -> None:
     _MODE = _CudaToCpuMode()
     _MODE.__enter__()  # stays active for the life of the process
     _patch_megatron()
-    import importlib.util
+    from zephon_megatron.cpu import cp_attention
 
-    # Next to this file, loaded from it: the shim is imported by path from unit tests too.
-    spec = importlib.util.spec_from_file_location("zephon_megatron_cpu_cp_attention", os.path.join(os.path.dirname(__file__), "cp_attention.py"))
-    cp_attention = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cp_attention)  # type: ignore[union-attr]
     cp_attention.install()
     _APPLIED = True

@@ -1,6 +1,9 @@
-"""Test-only launcher: run TorchTitan's own trainer on CPU (gloo), under torchrun.
+"""CPU only, for trying and testing: run TorchTitan's own trainer on CPU (gloo), under torchrun.
 
-    torchrun --standalone --nproc-per-node 2 scripts/torchtitan_cpu/launch.py <trainer args>
+    torchrun --standalone --nproc-per-node 2 <this file> <trainer args>
+
+(``python -m zephon_torchtitan.cpu`` runs it so; torchrun runs it by path, not as a module: the
+package's ``__init__`` imports torchtitan, and the device patch must come first.)
 
 ``<trainer args>`` are passed untouched to TorchTitan's ``ConfigManager``:
 ``--module llama3 --config llama3_debugmodel ...`` for 0.3.x, or
@@ -105,8 +108,8 @@ def patch_sum_reduction() -> None:
         original(self, factor)
         self.set_force_sum_reduction_for_comms(True)
 
-    set_gradient_divide_factor._zephon_cpu_shim = True
-    FSDPModule.set_gradient_divide_factor = set_gradient_divide_factor
+    set_gradient_divide_factor._zephon_cpu_shim = True  # type: ignore[attr-defined]
+    FSDPModule.set_gradient_divide_factor = set_gradient_divide_factor  # type: ignore[method-assign]
 
 
 def dense_flex_attention(
@@ -125,7 +128,6 @@ def dense_flex_attention(
     """Drop-in for ``flex_attention`` (0.2.x ``return_lse`` and 0.3.x ``return_aux``
     conventions) computed densely: the token-level mask is materialised from
     ``block_mask.mask_mod``.  Slow in general, fine for the debug model."""
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_mask
 
@@ -149,23 +151,7 @@ def dense_flex_attention(
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
         lse = max_scores = None
     else:
-        scores = torch.matmul(query, key.transpose(-2, -1)) * scale
-        if score_mod is not None:
-            dev = query.device
-            scores = score_mod(
-                scores,
-                torch.arange(batch, device=dev).view(-1, 1, 1, 1),
-                torch.arange(q_heads, device=dev).view(1, -1, 1, 1),
-                torch.arange(q_len, device=dev).view(1, 1, -1, 1),
-                torch.arange(kv_len, device=dev).view(1, 1, 1, -1),
-            )
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        lse = torch.logsumexp(scores.float(), dim=-1)
-        max_scores = scores.amax(dim=-1).float()
-        # Rows with no allowed key give 0 (as flex_attention does), not NaN.
-        probs = torch.exp(scores.float() - lse.unsqueeze(-1)).nan_to_num(0.0).to(value.dtype)
-        out = torch.matmul(probs, value)
+        out, lse, max_scores = _dense_with_scores(query, key, value, score_mod, mask, scale)
 
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
@@ -177,6 +163,31 @@ def dense_flex_attention(
     if return_lse:
         return out, lse
     return out
+
+
+def _dense_with_scores(query, key, value, score_mod, mask, scale):
+    """Attention computed from explicit scores (a ``score_mod``, or the log-sum-exp / max scores asked for)."""
+    import torch
+
+    batch, q_heads, q_len, _ = query.shape
+    kv_len = key.shape[-2]
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
+    if score_mod is not None:
+        dev = query.device
+        scores = score_mod(
+            scores,
+            torch.arange(batch, device=dev).view(-1, 1, 1, 1),
+            torch.arange(q_heads, device=dev).view(1, -1, 1, 1),
+            torch.arange(q_len, device=dev).view(1, 1, -1, 1),
+            torch.arange(kv_len, device=dev).view(1, 1, 1, -1),
+        )
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores.float(), dim=-1)
+    max_scores = scores.amax(dim=-1).float()
+    # Rows with no allowed key give 0 (as flex_attention does), not NaN.
+    probs = torch.exp(scores.float() - lse.unsqueeze(-1)).nan_to_num(0.0).to(value.dtype)
+    return torch.matmul(probs, value), lse, max_scores
 
 
 # --------------------------------------------------------------------------- torchtitan patches
@@ -217,7 +228,7 @@ def patch_flex(version: str) -> None:
         attn.FlexAttention._compiled_flex_attn = dense_flex_attention
         return result
 
-    set_determinism._zephon_cpu_shim = True
+    set_determinism._zephon_cpu_shim = True  # type: ignore[attr-defined]
     dist_utils.set_determinism = set_determinism
 
 
@@ -242,7 +253,7 @@ def patch_barrier() -> None:
         finally:
             dist.barrier = real_barrier
 
-    set_pg_timeouts._zephon_cpu_shim = True
+    set_pg_timeouts._zephon_cpu_shim = True  # type: ignore[attr-defined]
     dist_utils.set_pg_timeouts = set_pg_timeouts
 
 

@@ -84,7 +84,8 @@ class ContextParallelAttention(torch.nn.Module):
         self.dropout = torch.nn.Dropout(config.attention_dropout if attention_dropout is None else attention_dropout)
         self.cp_group = parallel_state.get_context_parallel_group()
 
-    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None):
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
         assert packed_seq_params is None and attention_bias is None, "the test CP attention has no THD / bias support"
         from megatron.core import tensor_parallel
 

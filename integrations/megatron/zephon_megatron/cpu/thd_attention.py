@@ -29,12 +29,14 @@ def block_causal_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
 class ThdDotProductAttention(DotProductAttention):
     """Megatron's local core attention, taking THD inputs ``[t, heads, head_dim]`` with ``cu_seqlens``."""
 
-    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None):
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
         if packed_seq_params is None:
             return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias)
         assert packed_seq_params.qkv_format == "thd", packed_seq_params.qkv_format
         assert packed_seq_params.cu_seqlens_q_padded is None and packed_seq_params.cu_seqlens_kv_padded is None
         assert torch.equal(packed_seq_params.cu_seqlens_q, packed_seq_params.cu_seqlens_kv), "self-attention only"
         mask = block_causal_mask(packed_seq_params.cu_seqlens_q, query.shape[0])
-        out = super().forward(query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), mask, attn_mask_type, attention_bias)
+        out = super().forward(query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), mask, attn_mask_type,
+                              attention_bias)
         return out.squeeze(1)  # [t, hidden], as TEDotProductAttention returns for THD
