@@ -37,6 +37,8 @@ RULES: list[tuple[str, str, str]] = [
     (r"^bash scripts/demo\.sh$", "test", "tests/e2e/test_first_run.py::test_readme_demo_runs_as_written"),
     (r"^python -m zephon_torchtitan\.cpu$", "test",
      "tests/e2e/test_first_run.py::test_torchtitan_on_a_laptop_trains_checkpoints_and_resumes_on_another_dp"),
+    (r"^bash scripts/gpu_check\.sh$", "test",
+     "tests/unit/project/test_gpu_check.py::test_without_cuda_it_skips_with_one_line_saying_why"),
     (r"^python -m zephon_megatron\.cpu$", "test",
      "tests/e2e/test_first_run.py::test_megatron_on_a_laptop_trains_checkpoints_and_resumes_on_another_dp"),
     (r"--job\.config_file configs/torchtitan/", "test", "tests/e2e/test_first_run.py::test_torchtitan_022_job_file_runs_as_written"),
