@@ -12,6 +12,7 @@ live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds
   in the framework's ``Terms``;
 * ``announce``: the lines an adapter logs about Zephon (``startup_line``: recipe, lanes, data-parallel degree;
   ``lanes_line``: a rank's lanes; ``restored_line``: where a resumed state stood, from and to which degree);
+* ``trial``: what the laptop commands (``python -m zephon_torchtitan.cpu`` / ``zephon_megatron.cpu``) share;
 * ``metrics``: ``IntervalMetrics``, ``Pipeline.stats()`` as a framework's logger shows it every interval;
 * ``source_loss``: per-source training loss (``label_sources(batch)``: a source id per label token;
   ``SourceLoss``, a step's reduced figures; ``add_source_loss_hook`` / ``publish_source_loss``);
