@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from zephon_core.curriculum.journal import digest_of
+from zephon_core.curriculum.journal import digest_of, rounded
 from zephon_core.errors import ConfigError
 from zephon_core.validation import require_int
 
@@ -48,6 +48,13 @@ class MixingInputs:
     def mean_loss(self) -> list[float | None]:
         """Per source, the mean loss per token over the interval (None: no token of it was trained)."""
         return [s / n if n else None for s, n in zip(self.loss_sum, self.loss_tokens)]
+
+    def figures(self) -> dict[str, dict[str, Any]]:
+        """What a decision journals of these figures (``journal.Decision.figures``): per source, the interval's mean
+        loss (``journal.rounded``: a function of the figures alone, so equal inputs journal equal numbers) and loss
+        tokens."""
+        return {"mean_loss": {n: rounded(x) for n, x in zip(self.names, self.mean_loss())},
+                "loss_tokens": {n: int(t) for n, t in zip(self.names, self.loss_tokens)}}
 
     def digest(self) -> str:
         """sha256 of these figures (floats as their shortest repr): equal on ranks that saw equal figures."""

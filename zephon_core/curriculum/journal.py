@@ -3,9 +3,11 @@
 A decision (``Decision``) is what a mixing controller chose at one optimizer step:
 the source weights, quantized to integers over ``DENOMINATOR`` (so they sum to it
 exactly and equal inputs give equal stages on every rank and platform), the global
-chunk its stage starts at, which controller decided with which parameters, a digest
-of the figures it decided on, and the controller's state after it (so a resumed
-run continues the same controller). The journal is part of the data definition
+chunk its stage starts at, which controller decided with which parameters, the
+per-source figures it decided on (mean loss and loss tokens of the interval, rounded
+to ``FIGURE_DIGITS`` significant digits: equal inputs give equal journals) beside a
+digest of the exact ones, and the controller's state after it (so a resumed run
+continues the same controller). The journal is part of the data definition
 (``steered.JournaledMixture``): its fingerprint covers it, a resume replays it
 instead of asking the controller again, and a rank whose journal differs from the
 leader's is refused when their states are merged (``first_difference``).
@@ -25,7 +27,9 @@ from zephon_core.errors import StateError
 
 VERSION = 1
 DENOMINATOR = 10_000  # weights are integers over this: 0.01 percentage points
-_DECISION_KEYS = {"step", "start_chunk", "weights", "controller", "params", "inputs", "state"}
+FIGURE_DIGITS = 6  # significant digits of a journaled loss: a record to read, the digest holds the exact figures
+_DECISION_KEYS = {"step", "start_chunk", "weights", "controller", "params", "inputs", "state", "figures"}
+_FIGURE_KEYS = {"mean_loss", "loss_tokens"}
 _KEYS = {"version", "denominator", "weight_by", "decisions"}
 
 
@@ -39,6 +43,11 @@ def quantize(shares: Sequence[float], denominator: int = DENOMINATOR) -> tuple[i
     return tuple(largest_remainder(list(shares), denominator))
 
 
+def rounded(x: float | None) -> float | None:
+    """``x`` to ``FIGURE_DIGITS`` significant digits (None and non-finite values as None: JSON has no NaN)."""
+    return None if x is None or not math.isfinite(x) else float(f"{x:.{FIGURE_DIGITS}g}")
+
+
 def digest_of(value: Any) -> str:
     """sha256 of the canonical JSON of ``value`` (sorted keys, no NaN)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
@@ -50,7 +59,9 @@ class Decision:
     """One mixing decision: from global chunk ``start_chunk`` on, source ``n`` gets ``weights[n] / DENOMINATOR``.
 
     ``step`` is the optimizer step after which it was made; ``inputs`` the digest of the figures the
-    controller saw (``controllers.MixingInputs.digest``); ``state`` the controller's state after it.
+    controller saw (``controllers.MixingInputs.digest``); ``state`` the controller's state after it;
+    ``figures`` what it decided on, per source: ``{"mean_loss": {name: loss per token | None},
+    "loss_tokens": {name: tokens}}`` of the interval (``controllers.MixingInputs.figures``).
     """
 
     step: int
@@ -60,11 +71,17 @@ class Decision:
     params: dict[str, Any] = field(default_factory=dict)
     inputs: str = ""
     state: dict[str, Any] = field(default_factory=dict)
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "start_chunk": self.start_chunk, "weights": dict(self.weights),
                 "controller": self.controller, "params": dict(self.params), "inputs": self.inputs,
-                "state": dict(self.state)}
+                "state": dict(self.state), "figures": {k: dict(v) for k, v in self.figures.items()}}
+
+    def mean_loss(self, name: str) -> float | None:
+        """Source ``name``'s mean loss per token over the interval decided on (None: none of it trained, or
+        a decision journaled without figures)."""
+        return self.figures.get("mean_loss", {}).get(name)
 
     def summary(self) -> str:
         """One line: the step, the chunk, the weights as shares."""
@@ -122,6 +139,20 @@ def _int(value: Any, where: str) -> int:
     return value
 
 
+def _figures(value: Any, where: str) -> dict[str, dict[str, Any]]:
+    """A decision's ``figures``: per-source mean losses (numbers or null) and loss tokens (integers); {} for none."""
+    if value == {}:
+        return {}
+    if not isinstance(value, Mapping) or set(value) != _FIGURE_KEYS or not all(
+            isinstance(v, Mapping) for v in value.values()):
+        raise _fail(where, f"must be a dict of exactly {', '.join(sorted(_FIGURE_KEYS))}, each by source", value)
+    losses = value["mean_loss"]
+    if not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in losses.values()):
+        raise _fail(f"{where}.mean_loss", "must be numbers or null", losses)
+    return {"mean_loss": {str(k): None if v is None else float(v) for k, v in losses.items()},
+            "loss_tokens": {str(k): _int(v, f"{where}.loss_tokens") for k, v in value["loss_tokens"].items()}}
+
+
 def parse_journal(value: Any, where: str = "definition.work_source.journal") -> Journal:
     """A definition's ``journal``, checked; a malformed one raises ``StateError`` naming the field."""
     if not isinstance(value, Mapping) or set(value) != _KEYS:
@@ -146,7 +177,7 @@ def parse_journal(value: Any, where: str = "definition.work_source.journal") -> 
             raise _fail(at, "params and state must be dicts", d)
         out.append(Decision(_int(d["step"], f"{at}.step"), _int(d["start_chunk"], f"{at}.start_chunk"),
                             {str(k): int(w) for k, w in weights.items()}, d["controller"], dict(d["params"]),
-                            d["inputs"], dict(d["state"])))
+                            d["inputs"], dict(d["state"]), _figures(d["figures"], f"{at}.figures")))
     return Journal(tuple(out), value["weight_by"])
 
 

@@ -234,7 +234,8 @@ class MixingLoader:
         if weights == quantize(current):
             return None
         decision = Decision(step, self._start_chunk(figures.frontier), dict(zip(self.names, weights)),
-                            m.controller.name, m.controller.params(), inputs.digest(), m.controller.state())
+                            m.controller.name, m.controller.params(), inputs.digest(), m.controller.state(),
+                            inputs.figures())
         journal = self.journal.appended(decision)
         self.pipeline = self.pipeline.switched(self._steered(journal))
         self.journal, self._iter = journal, None

@@ -236,6 +236,26 @@ def test_a_malformed_journal_is_refused_naming_the_field():
         parse_journal(bad)
 
 
+def test_each_decision_journals_the_figures_it_decided_on_rounded_and_read_back_from_the_state():
+    """The record of why: each decision keeps the interval's per-source mean loss (6 significant digits) and loss
+    tokens, as the controller saw them (loss_of over the interval's steps, 2 groups' figures as recorded)."""
+    _, state, journal = steered_run(schedule_controller([(3, [1, 3, 6]), (6, [5, 1, 1])]), [Phase(2, 9)], interval=3)
+    assert [d.step for d in journal.decisions] == [3, 6]
+    for d in journal.decisions:
+        steps = range(d.step - 2, d.step + 1)
+        sums = [sum(loss_of(s)[0][i] for s in steps) for i in range(3)]
+        assert d.figures == {"mean_loss": {n: float(f"{x / 30:.6g}") for n, x in zip(NAMES, sums)},
+                             "loss_tokens": dict.fromkeys(NAMES, 30)}
+        assert d.mean_loss("s0") == d.figures["mean_loss"]["s0"] and d.inputs
+    assert parse_definition(state["definition"]).journal == journal  # through the state's JSON, unchanged
+    thirds = MixingInputs(1, NAMES, (1.0, 2.0, 0.0), (3, 3, 0), (0, 0, 0), (0.5, 0.5, 0))
+    assert thirds.figures()["mean_loss"] == {"s0": 0.333333, "s1": 0.666667, "s2": None}
+    bad = journal.to_json()
+    bad["decisions"][0]["figures"]["mean_loss"]["s0"] = "high"
+    with pytest.raises(StateError, match=r"journal.decisions\[0\].figures.mean_loss: must be numbers or null"):
+        parse_journal(bad)
+
+
 def test_the_checkpoint_aggregation_names_a_rank_that_decided_otherwise(tmp_path):
     """Two ranks (one per data-parallel group) through the real aggregation: equal decisions merge, across the
     pipeline rebuilt at each decision; a rank whose second decision differs is refused, named with it."""
