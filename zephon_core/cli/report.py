@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from zephon_core.cli.options import add_shape_options, shape_of
-from zephon_core.report.load import ReportRequest, load_run, require_matplotlib, run_figure
+from zephon_core.report.load import ReportRequest, load_run, require_matplotlib, run_figures
 
 
 def request_of(a: argparse.Namespace) -> ReportRequest:
     """The command line's arguments as the plain values ``load_run`` takes."""
-    return ReportRequest(tuple(a.inputs), a.recipe, a.canonical_replicas, a.batches_per_step, shape_of(a))
+    return ReportRequest(tuple(a.inputs), a.recipe, a.canonical_replicas, a.batches_per_step, shape_of(a), a.journal)
 
 
 def run(a: argparse.Namespace) -> int:
@@ -26,13 +26,13 @@ def run(a: argparse.Namespace) -> int:
     if a.plot:
         from zephon_core.report.plots import write_png
 
-        write_png(run_figure(r, title), a.plot)
+        write_png(run_figures(r, title)[0], a.plot)
         print(f"wrote {a.plot}")
     if a.html:
         from zephon_core.report.plots import png_base64
 
-        # The page's heading is the title; its picture goes without one.
-        Path(a.html).write_text(as_html(r, title, [png_base64(run_figure(r, ""))]), encoding="utf-8")
+        # The page's heading is the title; its pictures go without one.
+        Path(a.html).write_text(as_html(r, title, [png_base64(f) for f in run_figures(r, "")]), encoding="utf-8")
         print(f"wrote {a.html}")
     return 0
 
@@ -57,7 +57,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--batches-per-step", type=int, help="the run's batches per global step (default: canonical_replicas)"
     )
-    p.add_argument("--plot", metavar="PNG", help="draw the run (needs the plot extra: matplotlib)")
+    p.add_argument("--journal", metavar="STATE", help="audit logs of a steered run: a checkpoint of it, whose mixing "
+                   "journal the logs' stages follow (docs/mixing.md); a checkpoint input holds its own")
+    p.add_argument("--plot", metavar="PNG", help="draw the run (needs the plot extra: matplotlib); a steered run: "
+                   "each source's weight against its realized share, and the losses decided on")
     p.add_argument("--html", metavar="HTML", help="write one self-contained page with the table and the picture")
     add_shape_options(p)
     p.set_defaults(fn=run)

@@ -21,6 +21,7 @@ import numpy as np
 
 from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.curriculum.definition import parse_definition
+from zephon_core.curriculum.journal import Journal
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import DataError
 from zephon_core.integration.batch_log import LoggedBatch
@@ -119,7 +120,8 @@ class Run:
     ``lanes`` seen, of ``canonical_replicas``); ``read`` says what was read;
     ``notes`` are caveats the report prints under its table. ``entered[i]``
     (audit logs only): the step the first lane entered stage ``i`` and the one by
-    which every lane had (None: not every lane has yet), or None for a stage not reached.
+    which every lane had (None: not every lane has yet), or None for a stage not reached. ``journal``: a
+    steered run's mixing decisions (its last stages, ``mix0`` on), None for a run of its recipe alone.
     """
 
     curriculum: Curriculum
@@ -130,6 +132,7 @@ class Run:
     canonical_replicas: int
     notes: list[str] = field(default_factory=list)
     entered: list[tuple[int, int | None] | None] | None = None
+    journal: Journal | None = None
 
 
 def stage_entries(batches: Mapping[tuple[int, int], LoggedBatch], per_lane: int, n_stages: int) -> list[tuple[int, int | None] | None]:

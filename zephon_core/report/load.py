@@ -2,7 +2,7 @@
 
 ``load_run(ReportRequest(...))`` takes plain values (the command line translates its arguments once,
 ``cli/report.py``). From checkpoints (the lanes' tallies) or batch audit logs (``inputs`` tells them
-apart), the table of ``text`` and the pictures of ``plots`` (``run_figure``): the run over its steps, or
+apart), the table of ``text`` and the pictures of ``plots`` (``run_figures``): the run over its steps, or
 per stage for a single checkpoint. A recipe adds what the input does not record: the sources' sizes
 (for epochs) where a state's definition has none, and for audit logs the names, the plan and the rows'
 shape (for padding). ``zephon explain --plot`` draws the plan the same way (``plan_png``).
@@ -45,6 +45,7 @@ class ReportRequest:
     canonical_replicas: int | None = None  # audit logs without a recipe: default the lanes seen
     batches_per_step: int | None = None  # default: canonical_replicas
     shape: Shape = field(default_factory=Shape)  # the run's shape, for a training recipe
+    journal: str | None = None  # audit logs of a steered run: a checkpoint of it, whose mixing journal they follow
 
 
 def _recipe_plan(a: ReportRequest) -> tuple[WorkSource, int | None, tuple[int, int] | None]:
@@ -129,20 +130,42 @@ def _run_of_checkpoints(paths: list[tuple[int | None, str]], a: ReportRequest) -
         if len(dated) > 1
         else f"checkpoint {dated[0][1]}"
     )
-    return Run(c, history, what, in_stage, len(lanes), C, notes)
+    return Run(c, history, what, in_stage, len(lanes), C, notes, journal=journal)
+
+
+def _logs_plan(a: ReportRequest, steered: Mapping[str, Any] | None
+               ) -> tuple[Curriculum, int | None, tuple[int, int] | None]:
+    """The curriculum, lanes (None: count the logs') and rows' shape that audit logs are read against: the recipe's
+    with the journal of ``steered`` replayed, the recipe's, the steered state's own definition, or none."""
+    if a.recipe and steered is not None:
+        from zephon_core.pipeline.mixing import replay
+        from zephon_core.recipe import load_recipe
+
+        options: dict[str, Any] = {"prefetch": 0}
+        if a.canonical_replicas is not None:
+            options["canonical_replicas"] = a.canonical_replicas
+        p = replay(build(load_recipe(a.recipe), a.shape, **options), steered)  # refused where the journal does not fit
+        return curriculum_of(p.work_source, a.recipe), p.identity.canonical_replicas, row_shape(p.definition())
+    if a.recipe:
+        ws, C, shape = _recipe_plan(a)
+        return curriculum_of(ws, a.recipe), C, shape
+    if steered is not None:
+        return curriculum_of_definition(steered["definition"]), steered["canonical_replicas"], None
+    return Curriculum([], []), a.canonical_replicas, None
 
 
 def _run_of_logs(logs: list[str], a: ReportRequest) -> Run:
     batches = unique_batches(read_logs(logs))
     if not batches:
         raise CliError(f"{logs[0]}: the audit logs hold no batch")
-    shape, C = None, a.canonical_replicas
-    if a.recipe:
-        ws, C, shape = _recipe_plan(a)
-        c = curriculum_of(ws, a.recipe)
-    else:
-        c = Curriculum([], [])
+    steered = read_state(a.journal) if a.journal else None
+    c, C, shape = _logs_plan(a, steered)
     C = C or 1 + max(lane for lane, _ in batches)
+    journal = None
+    if steered is not None:
+        journal = parse_definition(steered["definition"]).journal
+        if journal is None:
+            raise CliError(f"--journal {a.journal}: the checkpoint holds no mixing journal (not a steered run)")
     B = a.batches_per_step or C
     if B % C:
         raise CliError(
@@ -160,7 +183,10 @@ def _run_of_logs(logs: list[str], a: ReportRequest) -> Run:
     in_stage = [0] * len(c.stages)
     for _, stage in last.values():
         in_stage[stage] += 1
-    notes = [] if a.recipe else ["no --recipe: sources and stages are numbered, their plan and sizes are not known"]
+    notes = [] if a.recipe or steered else ["no --recipe: sources and stages are numbered, their plan and sizes are "
+                                            "not known"]
+    if journal is not None:
+        notes.extend(describe_journal(journal, most=10))
     short = short_steps(history, B)
     if short:
         notes.append(
@@ -172,12 +198,15 @@ def _run_of_logs(logs: list[str], a: ReportRequest) -> Run:
         if len(logs) > 1
         else f"audit log {logs[0]}"
     )
-    return Run(c, history, what, in_stage, len(last), C, notes, stage_entries(batches, B // C, len(c.stages)))
+    return Run(c, history, what, in_stage, len(last), C, notes, stage_entries(batches, B // C, len(c.stages)),
+               journal)
 
 
 def load_run(a: ReportRequest) -> Run:
     """The run ``a.inputs`` hold, with what ``a.recipe`` adds."""
     inputs = classify(a.inputs)
+    if a.journal and not inputs.logs:
+        raise CliError("--journal is for audit logs: a checkpoint holds its own mixing journal; drop --journal")
     return _run_of_logs(inputs.logs, a) if inputs.logs else _run_of_checkpoints(inputs.checkpoints, a)
 
 
@@ -186,15 +215,18 @@ def require_matplotlib() -> None:
     import matplotlib  # noqa: F401  (the plot extra: imported only to draw)
 
 
-def run_figure(run: Run, title: str) -> Any:
-    """The picture of a run: over its steps, or per stage for a single checkpoint (no history); ``title``
-    empty: none drawn."""
+def run_figures(run: Run, title: str) -> list[Any]:
+    """The pictures of a run, the first the one ``--plot`` writes: a steered run's weights, realized shares and
+    losses (``mixing_figures``); the run over its steps, or per stage for a single checkpoint (no history).
+    ``title`` empty: none drawn."""
     from zephon_core.report.figures import run_picture, stage_bars
-    from zephon_core.report.plots import draw_picture, draw_stage_bars
+    from zephon_core.report.mixing_figures import mixing_picture
+    from zephon_core.report.plots import draw_mixing, draw_picture, draw_stage_bars
 
+    steered = [draw_mixing(mixing_picture(run, run.journal, title))] if run.journal and run.journal.decisions else []
     if run.history.every_step or len(run.history.steps) > 1:
-        return draw_picture(run_picture(run, title))
-    return draw_stage_bars(stage_bars(run, title))
+        return [*steered, draw_picture(run_picture(run, title))]
+    return [*steered, draw_stage_bars(stage_bars(run, title))]
 
 
 def tokens_per_step(p: Any, global_batch_size: int | None, batches_per_step: int) -> int | None:

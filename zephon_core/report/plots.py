@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core.report.figures import Picture, StageBars
+from zephon_core.report.mixing_figures import MixingPicture
 
 # The project's teal first, then colours apart in hue and lightness (bench/plot.py uses the same teal and amber).
 PALETTE = ("#0b7a75", "#e0a526", "#6a4c93", "#c0392b", "#2c7fb8", "#7f8c8d", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
@@ -165,6 +166,40 @@ def draw_stage_bars(b: StageBars) -> Any:
     if b.title:
         fig.suptitle(b.title, fontsize=12)
     _notes(fig, b.notes)
+    return fig
+
+
+def draw_mixing(p: MixingPicture) -> Any:
+    """A steered run: each source's decided weight (solid steps) against its realized share (thin), and below, the
+    mean loss per token each decision saw (points at the decisions' steps)."""
+    fig = _figure(10.5, 6.8)
+    share_ax, loss_ax = fig.subplots(2, 1, sharex=True, height_ratios=(1.3, 1))
+    x = [a for a, _, _ in p.spans] + [p.spans[-1][1]]
+    for s, name in enumerate(p.sources):
+        colour = source_colour(s)
+        share_ax.stairs(p.weights[s], x, color=colour, lw=2.4, baseline=None, label=f"{name}: weight", zorder=3)
+        share_ax.stairs(p.realized[s], p.realized_edges, color=colour, lw=1.2, baseline=None, ls=(0, (2, 1.5)),
+                        label=f"{name}: realized")
+        loss_ax.plot(p.decided_at, p.losses[s], color=colour, lw=1.5, marker="o", ms=4.5, label=name)
+    top = np.nanmax(np.concatenate([p.weights.ravel(), p.realized.ravel(), [0.0]]))
+    share_ax.set_ylim(0, min(1.0, top * 1.15 + 0.02))
+    share_ax.set_xlim(min(0.0, x[0]), x[-1])  # from the run's start, where a checkpoint draws no recipe stage
+    share_ax.yaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
+    share_ax.set_ylabel(f"share of {p.share_of}")
+    share_ax.set_title(f"weight decided (journal) vs {p.realized_from}", fontsize=10, loc="left")
+    share_ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), title="source", frameon=False, fontsize=8.5)
+    share_ax.grid(axis="y", color="#dddddd", lw=0.8)
+    loss_ax.set_ylabel("mean loss per token")
+    loss_ax.set_title("the loss each decision saw (its interval, reduced over data-parallel groups)", fontsize=10,
+                      loc="left")
+    loss_ax.grid(axis="y", color="#dddddd", lw=0.8)
+    loss_ax.set_xlabel("global step")
+    loss_ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), title="source", frameon=False, fontsize=8.5)
+    for at in p.decided_at:  # light: a run decides often, and the weights' steps already show where
+        for ax in (share_ax, loss_ax):
+            ax.axvline(at, color=BOUNDARY, lw=0.6, ls=":", alpha=0.6, zorder=1)
+    fig.suptitle(p.title, fontsize=12)
+    _notes(fig, p.notes)
     return fig
 
 

@@ -65,6 +65,8 @@ RULES: list[tuple[str, str, str]] = [
     (r"^python configs/megatron/make_indexed_corpus\.py", "run", "in a zephon init folder"),
     (r"^python scripts/watch_figures\.py$", "test",
      "tests/unit/core/report/test_report.py::test_the_docs_figures_regenerate"),
+    (r"^python scripts/mixing_figure\.py$", "test",
+     "tests/unit/core/report/test_mixing_report.py::test_the_docs_mixing_figure_regenerates"),
     (r"^pip install 'zephon-suite\[plot\]'$", "test", "tests/unit/project/test_packaging.py::test_extras_name_what_each_route_imports"),
     (r"^zephon index \"s3://[^\"]*\" --format megatron ", "test",
      "tests/unit/core/sources/test_megatron_s3.py::"
