@@ -48,8 +48,9 @@ def describe_journal(journal: Journal, most: int = 20) -> list[str]:
     first = len(journal.decisions) - len(shown)
     for n, d in enumerate(shown, first):
         params = ", ".join(f"{k}={v}" for k, v in d.params.items() if k != "entries" and v is not None)
+        losses = ", ".join(f"{k} {'-' if v is None else f'{v:.4g}'}" for k, v in d.figures.get("mean_loss", {}).items())
         out.append(f"  {Journal.stage_name(n)}: {d.summary()[:-1]}{', ' + params if params else ''}), "
-                   f"inputs {d.inputs[:12]}")
+                   f"inputs {d.inputs[:12]}" + (f"; loss per token: {losses}" if losses else ""))
     return out
 
 

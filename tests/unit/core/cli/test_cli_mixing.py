@@ -52,6 +52,7 @@ def test_explain_and_report_print_the_journal(steered):
     assert "mixing journal: 2 decision(s), weight_by=tokens" in r.stdout
     assert "stage 2 'mix0'" in r.stdout and "stage 3 'mix1'" in r.stdout
     assert "mix1: step 25 -> chunk" in r.stdout and "examples 0.75, prose 0.125, reference 0.125 (schedule" in r.stdout
+    assert "; loss per token: examples -, prose -, reference -" in r.stdout  # this run recorded no loss
     rep = cli("report", str(path))
     assert rep.returncode == 0, rep.stderr
     assert "note: mixing journal: 2 decision(s)" in rep.stdout and "mix0" in rep.stdout

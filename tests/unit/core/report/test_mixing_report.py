@@ -116,6 +116,9 @@ def test_report_plots_a_steered_run_and_refuses_a_journal_it_cannot_use(steered,
                "--html", str(page))
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:4] == b"\x89PNG" and page.read_text().count("data:image/png;base64,") == 2
+    last = load_run(ReportRequest((str(path),))).journal.decisions[-1]
+    assert f"mix1: step 30 -> chunk {last.start_chunk}" in r.stdout  # the journal under the logs' table, with why
+    assert f"; loss per token: examples {last.mean_loss('examples'):.4g}, prose " in r.stdout
     assert zephon("report", str(path), "--plot", str(png)).returncode == 0
     bad = zephon("report", str(path), "--journal", str(path))
     assert bad.returncode == 1 and "--journal is for audit logs" in bad.stderr
