@@ -30,7 +30,7 @@ from zephon_core.integration.batch_log import log_line, read_batch_log
 from zephon_core.metrics import sum_tallies
 from zephon_core.recipe import load_recipe
 from zephon_core.report.figures import run_picture, shares_of, stage_bars, stage_figures
-from zephon_core.report.load import load_run, run_figure
+from zephon_core.report.load import load_run, run_figures
 from zephon_core.report.plan_figures import plan_picture, planned_step
 from zephon_core.verify.shape import Shape, build
 from zephon_core.verify.simulate import Phase, run_phase
@@ -205,7 +205,7 @@ def test_report_from_the_command_line_with_a_picture_and_a_page(run, tmp_path):
     read = report_run(run["logs"], "--recipe", RECIPE)
     body = text.split("<body>")[1]
     assert body.count(html.escape(read.read)) == 1 and f"<h1>run: {html.escape(read.read)}</h1>" in body
-    assert run_figure(read, "").get_suptitle() == "" and run_figure(read, "t").get_suptitle() == "t"
+    assert run_figures(read, "")[0].get_suptitle() == "" and run_figures(read, "t")[0].get_suptitle() == "t"
 
 
 def test_a_checkpoint_without_sizes_says_how_to_get_epochs(run, tmp_path):
