@@ -55,6 +55,11 @@ def run(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace, prog:
         return int(fn(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (``zephon report ... | head``): what it wanted was printed. Point stdout at devnull
+        # so the interpreter's flush at exit does not fail a second time.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:
         if debug:
             raise

@@ -236,3 +236,10 @@ def test_version_and_a_bare_zephon():
     assert r.returncode == 2 and r.stdout.startswith("usage: zephon"), r.stdout + r.stderr
     assert "verify-elastic" in r.stdout
     assert r.stderr == ""
+
+
+def test_output_piped_into_a_reader_that_stops_early_is_not_an_error():
+    """`zephon explain ... | head`: a reader that closes the pipe early (here at once) ends the command quietly."""
+    cmd = f"{sys.executable} -m zephon_core.cli explain {DEMO} --dp-degree 2 | true; exit ${{PIPESTATUS[0]}}"
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and "BrokenPipe" not in r.stderr and "unexpected" not in r.stderr, r.stderr
