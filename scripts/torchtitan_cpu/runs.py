@@ -19,11 +19,12 @@ GLOBAL_BATCH, LOCAL_BATCH, SEQ_LEN = 8, 2, 128
 
 def launch(version: str, nproc: int, dump: Path, *, steps: int = 6, extra: list[str] = (), loader: dict | None = None,
            resume_from: Path | None = None, check: bool = True, timeout: float = 900,
-           metrics: bool = False, source_loss: bool = False) -> harness.RunResult:
+           metrics: bool = False, source_loss: bool = False, mixing: bool = False) -> harness.RunResult:
     """One torchrun launch of llama3's debug model fed by Zephon; batches logged per rank.
 
     ``metrics``: Zephon's figures in TorchTitan's metrics, written to TensorBoard under ``dump/tb``.
     ``source_loss`` (0.3, with ``metrics``): the training loss per source too (``zephon/loss/<source>``).
+    ``mixing`` (0.3, with ``source_loss``): the recipe's ``[mixing]`` steers the mixture.
     """
     dump.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
@@ -36,7 +37,8 @@ def launch(version: str, nproc: int, dump: Path, *, steps: int = 6, extra: list[
     if metrics:
         common += ["--metrics.enable_tensorboard"]
     if harness.normalize_version(version) == "0.3":
-        loader_kwargs = {"global_batch_size": GLOBAL_BATCH, **opts, **({"source_loss": True} if source_loss else {})}
+        loader_kwargs = {"global_batch_size": GLOBAL_BATCH, **opts, **({"source_loss": True} if source_loss else {}),
+                         **({"mixing": True} if mixing else {})}
         overrides = ["zephon_torchtitan.zephon_loader=" + json.dumps(loader_kwargs)]
         overrides += ["zephon_torchtitan.zephon_metrics"] if metrics else []
         overrides += ["zephon_torchtitan.zephon_source_loss"] if source_loss else []
@@ -75,6 +77,22 @@ def mixed_recipe(folder: Path) -> Path:
     out = folder / "tt_train_mixed.toml"
     out.write_text(head + sources + "\n[shuffle]\nwindow = 4\nseed = 3\n")
     return out
+
+
+def token_corpora(folder: Path, names: tuple[str, ...] = ("examples", "prose", "reference")) -> None:
+    """``<name>.npy`` and ``<name>_offsets.npy`` in ``folder`` for each curriculum corpus: its first 120 texts
+    tokenized, cut into documents of 8-16 tokens (token arrays: a run's data needs no tokenizer to reproduce)."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ASSETS / "tokenizer.json"))
+    for name in names:
+        texts = [json.loads(line)["text"] for line in (ASSETS / "curriculum" / f"{name}.jsonl").open()][:120]
+        ids = np.concatenate([e.ids + [1] for e in tok.encode_batch(texts, add_special_tokens=False)]).astype(np.int32)
+        lengths = 8 + np.arange(len(ids) // 12) % 9
+        lengths = lengths[np.cumsum(lengths) <= len(ids)]
+        np.save(folder / f"{name}.npy", ids[: lengths.sum()])
+        np.save(folder / f"{name}_offsets.npy", np.concatenate([[0], np.cumsum(lengths)]))
 
 
 def batch_log(dump: Path) -> dict[int, dict[tuple[int, int], str]]:

@@ -15,11 +15,9 @@ run's as the whole three-stage schedule from the start would have it.
 from __future__ import annotations
 
 import functools
-import json
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 from harnesses import load
 
@@ -52,17 +50,10 @@ weights = { prose = 0.3, reference = 0.7 }
 @pytest.fixture(scope="module")
 def recipes(tmp_path_factory) -> dict[str, Path]:
     """Short documents (8-16 tokens of the bundled corpus, tokenized) in three sources, and the two recipes."""
-    from tokenizers import Tokenizer
+    from torchtitan_cpu.runs import token_corpora
 
     root = tmp_path_factory.mktemp("curriculum")
-    tok = Tokenizer.from_file(str(ROOT / "configs" / "corpus" / "tokenizer.json"))
-    for name in ("examples", "prose", "reference"):
-        texts = [json.loads(line)["text"] for line in (ROOT / "configs" / "corpus" / "curriculum" / f"{name}.jsonl").open()][:120]
-        ids = np.concatenate([e.ids + [1] for e in tok.encode_batch(texts, add_special_tokens=False)]).astype(np.int32)
-        lengths = 8 + np.arange(len(ids) // 12) % 9
-        lengths = lengths[np.cumsum(lengths) <= len(ids)]
-        np.save(root / f"{name}.npy", ids[: lengths.sum()])
-        np.save(root / f"{name}_offsets.npy", np.concatenate([[0], np.cumsum(lengths)]))
+    token_corpora(root)
     head = f"seed = 11\nchunk_size = 4\ncanonical_replicas = {C}\nglobal_batch_size = {ROWS_PER_STEP}\n\n[shuffle]\nwindow = 4\nseed = 2\n\n"
     staged, appended = root / "staged.toml", root / "appended.toml"
     staged.write_text(head + SOURCES + STAGES)

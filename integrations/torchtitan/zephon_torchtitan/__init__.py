@@ -7,7 +7,8 @@ TorchTitan 0.3.x (Python recipes, overrides), on any recipe::
 optionally with ``zephon_torchtitan.zephon_validation_loader={"recipe": ...}`` for
 ``validator.dataloader`` and ``zephon_torchtitan.zephon_metrics`` for Zephon's figures in
 TorchTitan's metrics (TensorBoard, W&B, the console), with ``zephon_torchtitan.zephon_source_loss``
-and ``"source_loss": true`` for the training loss per source; or a whole recipe whose loader
+and ``"source_loss": true`` for the training loss per source (``"mixing": true`` too: the recipe's
+``[mixing]`` steers the mixture by it, ``zephon_torchtitan.steering``); or a whole recipe whose loader
 fields are ``--dataloader.*`` flags::
 
     --module zephon_torchtitan --config llama3_debugmodel_zephon

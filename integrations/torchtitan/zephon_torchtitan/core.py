@@ -32,6 +32,7 @@ from zephon_core.integration import (
     startup_line,
     startup_plan,
 )
+from zephon_core.pipeline.mixing import MixingLoader
 from zephon_torchtitan.settings import (
     DEFAULT_STATE_CAPACITY as DEFAULT_STATE_CAPACITY,  # re-exported beside the slot it sizes
 )
@@ -143,6 +144,7 @@ class ZephonStream:
         validation: bool = False,
         run_id_suffix: str = "",
         source_loss: bool = False,
+        mixing: bool = False,
     ) -> None:
         # Settings -> plan -> refuse -> build.
         facts = facts_of(dp_world_size=dp_world_size, dp_rank=dp_rank, local_batch_size=local_batch_size,
@@ -152,7 +154,7 @@ class ZephonStream:
         recipe = self.plan.recipe
         tok = TokenizerAdapter(tokenizer) if not recipe.pretokenized else None
         # pipelines_per_node is left to the core's default: LOCAL_WORLD_SIZE, set by torchrun.
-        self.pipeline: Pipeline = recipe.build(
+        self._built: Pipeline = recipe.build(
             seq_len=seq_len,
             batch_size=local_batch_size,
             tokenizer=tok,
@@ -166,8 +168,10 @@ class ZephonStream:
         #: Live mode's lanes (``zephon_torchtitan.ft``): it cuts the batches, and checkpoints hold its committed lanes.
         self.live: Any = None
         #: Per-source training loss (``source_loss``): the label source ids of the batches handed out.
-        self.source_loss = (SourceLossTally(tuple(s.name for s in self.pipeline.work_source.sources))
+        self.source_loss = (SourceLossTally(tuple(s.name for s in self._built.work_source.sources))
                             if source_loss and not validation else None)
+        #: The recipe's ``[mixing]`` steering this stream's mixture (``mixing``; ``zephon_torchtitan.steering``).
+        self.mixing = self._mixing_loader(settings.recipe) if mixing and not validation else None
         self._iter: Iterator[Any] | None = None
         if not validation:
             _TRAINING_STREAM["latest"] = weakref.ref(self)
@@ -180,12 +184,28 @@ class ZephonStream:
             LOG.info(startup_line(self.plan, "TorchTitan"))
         LOG.debug(lanes_line(coordination_identity()[1], ident.dp_group_id, ident.lanes))
 
+    def _mixing_loader(self, recipe_path: str) -> MixingLoader:
+        mixing = self.plan.recipe.mixing()
+        if mixing is None:
+            raise IntegrationError(f"zephon: mixing is on, but the recipe {recipe_path} has no [mixing] table; "
+                                   "add one (docs/mixing.md) or turn mixing off")
+        if self.source_loss is None:
+            raise IntegrationError("zephon: mixing steers by the per-source loss; turn source_loss on too "
+                                   "(with zephon_torchtitan.zephon_source_loss and zephon_metrics)")
+        return MixingLoader(self._built, mixing)
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The pipeline delivering now: under ``mixing``, the one built for the last decision."""
+        return self.mixing.pipeline if self.mixing is not None else self._built
+
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         if self.live is not None:
             raise IntegrationError("zephon: in live mode the trainer takes each step's batches from the live lanes, "
                                    "not by iterating the loader")
         if self._iter is None:
-            self._iter = iter(self.pipeline)
+            # The MixingLoader itself: it follows each decision's rebuilt pipeline.
+            self._iter = iter(self.mixing if self.mixing is not None else self._built)
         for b in audited(self._iter, coordination_identity()[1]):
             if self.source_loss is not None:
                 self.source_loss.delivered(b)
@@ -193,7 +213,7 @@ class ZephonStream:
 
     # -- checkpoint slot ------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
-        owner = self.live if self.live is not None else self.pipeline
+        owner = self.live if self.live is not None else self.mixing if self.mixing is not None else self._built
         return {STATE_KEY: encode_state(owner.checkpoint(), self.capacity)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -204,7 +224,8 @@ class ZephonStream:
                 f"zephon: the checkpoint's dataloader state has no {STATE_KEY!r} (keys: {sorted(state_dict)}); it was not written by the Zephon loader"
             )
         state = decode_state(state_dict[STATE_KEY])
-        self.pipeline.restore(state)
+        # Under mixing the journal in the state is replayed, whatever the data-parallel degree.
+        (self.mixing if self.mixing is not None else self._built).restore(state)
         if coordination_identity()[1] == 0:
             LOG.info(restored_line(state, dp_degree=self.plan.facts.dp_degree, step=None,
                                    batches_per_step=self.batches_per_step))

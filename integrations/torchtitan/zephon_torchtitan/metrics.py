@@ -9,7 +9,8 @@ this process built (``core.training_stream``).
 With the loader's ``source_loss`` on, every ``log()`` also reduces the per-source training loss
 since the previous logged step (``source_loss.SourceLossTally.reduce``: a collective, and TorchTitan
 calls ``log()`` on every rank), logs ``zephon/loss/<source>`` (the mean loss per counted token of
-each source over those steps) and hands the figures to ``zephon_core.integration.publish_source_loss``.
+each source over those steps) and hands the figures to ``zephon_core.integration.publish_source_loss``;
+with the loader's ``mixing`` on, to the mixture's controller too (``steering.steer``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from zephon_core.integration import IntervalMetrics, LoggedFigures, SourceLoss, publish_source_loss
 from zephon_torchtitan.core import LOG, training_stream
+from zephon_torchtitan.steering import steer
 
 
 class TrainingMetrics:
@@ -44,6 +46,8 @@ class TrainingMetrics:
             return None
         figures = stream.source_loss.reduce(step, parallel_dims)
         publish_source_loss(figures)
+        if stream.mixing is not None:
+            steer(stream.mixing, figures, parallel_dims)
         return figures
 
 

@@ -78,6 +78,8 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
         run_id (``<run_id>-replicaN``); -1: none."""
         source_loss: bool = False
         """Log the training loss per source (zephon/loss/<source>); needs zephon_source_loss and zephon_metrics."""
+        mixing: bool = False
+        """Steer the mixture by the recipe's [mixing] table at logged steps (docs/mixing.md); needs source_loss."""
 
     def __init__(
         self,
@@ -115,6 +117,7 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
             validation=validation,
             run_id_suffix=f"-replica{config.replica_group}" if config.replica_group >= 0 else "",
             source_loss=config.source_loss,
+            mixing=config.mixing,
         )
 
 

@@ -46,6 +46,8 @@ RULES: list[tuple[str, str, str]] = [
     (r"--module zephon_torchtitan --config", "test", "tests/e2e/test_first_run.py::test_torchtitan_recipe_module_command_runs_as_written"),
     (r"^zephon inspect <dump>/checkpoint/step-N$", "test", "tests/e2e/test_first_run.py::test_torchtitan_022_job_file_runs_as_written"),
     # The same overrides on llama3's debug model (llama3_8b does not fit a CPU).
+    (r"--override\.imports 'zephon_torchtitan\.zephon_loader=.*\"mixing\": true", "test",
+     "tests/e2e/test_mixing_e2e.py::test_a_steered_run_resumed_on_another_degree_trains_on_the_replay_of_its_journal"),
     (r"--override\.imports 'zephon_torchtitan\.zephon_loader=.*zephon_torchtitan\.zephon_source_loss", "test",
      "tests/e2e/test_source_loss_e2e.py::test_torchtitan_logs_each_sources_loss_and_they_add_up_to_the_loss"),
     (r"--override\.imports 'zephon_torchtitan\.zephon_loader=.*zephon_torchtitan\.zephon_metrics", "test",

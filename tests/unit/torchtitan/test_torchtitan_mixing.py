@@ -1,0 +1,78 @@
+"""A steered mixture in TorchTitan 0.3's loader (``mixing``): the real loader over a recipe with ``[mixing]``,
+steered by ``steering.steer`` as the metrics processor does at a logged step, checkpointed through its DCP slot
+and resumed on another data-parallel degree; and the settings it refuses. The torchrun launches are
+tests/e2e/test_mixing_e2e.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchtitan")
+
+from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
+from torchtitan_cpu.runs import mixed_recipe  # noqa: E402
+
+import zephon_torchtitan as zt  # noqa: E402
+from zephon_core.curriculum.definition import parse_definition  # noqa: E402
+from zephon_core.integration import IntegrationError, SourceLoss  # noqa: E402
+from zephon_torchtitan.core import decode_state  # noqa: E402
+from zephon_torchtitan.steering import steer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+NAMES = ("examples", "reference", "prose")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return HuggingFaceTokenizer(tokenizer_path=str(ROOT / "configs" / "corpus"))
+
+
+def steered_recipe(folder: Path) -> Path:
+    recipe = mixed_recipe(folder)
+    (folder / "mix.toml").write_text("[[decisions]]\nstep = 2\nweights = { examples = 1, reference = 1, prose = 8 }\n")
+    recipe.write_text(recipe.read_text() + '\n[mixing]\ncontroller = "schedule"\nschedule = "mix.toml"\n'
+                      "interval_steps = 2\n")
+    return recipe
+
+
+def _loader(tok, recipe, dp=1, **cfg):
+    return zt.ZephonDataLoader.Config(recipe=str(recipe), global_batch_size=8, **cfg).build(
+        dp_world_size=dp, dp_rank=0, tokenizer=tok, seq_len=64, local_batch_size=2)
+
+
+def _figures(step):
+    return SourceLoss(step, NAMES, (3.0, 2.0, 1.0), (10, 10, 10))
+
+
+def test_a_logged_step_steers_the_loader_and_its_checkpoint_resumes_on_another_degree(tok, tmp_path):
+    recipe = steered_recipe(tmp_path)
+    loader = _loader(tok, recipe, source_loss=True, mixing=True)
+    stream = loader._stream
+    it = iter(loader)
+    for step in (1, 2):
+        for _ in range(4):  # a step's batches: 8 rows of 2
+            next(it)
+        decision = steer(stream.mixing, _figures(step), None)
+        assert (decision is None) == (step == 1)
+    assert decision.weights == {"examples": 1000, "reference": 1000, "prose": 8000}
+    assert stream.pipeline is stream.mixing.pipeline and stream.pipeline.work_source.journal.decisions == (decision,)
+    state = loader.state_dict()
+    assert parse_definition(decode_state(state["zephon_state"])["definition"]).journal.decisions == (decision,)
+    after = [next(it)[1].tolist() for _ in range(12)]
+
+    # dp=2's first group resumes: the journal is replayed (nothing decided again) and its batches are the run's.
+    resumed = _loader(tok, recipe, dp=2, source_loss=True, mixing=True)
+    resumed.load_state_dict(state)
+    assert resumed._stream.mixing.journal.decisions == (decision,)
+    assert next(iter(resumed))[1].tolist() in after
+
+
+def test_mixing_is_refused_without_a_mixing_table_or_without_source_loss(tok, tmp_path):
+    with pytest.raises(IntegrationError, match=r"has no \[mixing\] table; add one"):
+        _loader(tok, mixed_recipe(tmp_path), source_loss=True, mixing=True)
+    with pytest.raises(IntegrationError, match="turn source_loss on too"):
+        _loader(tok, steered_recipe(tmp_path), mixing=True)
+    assert _loader(tok, steered_recipe(tmp_path))._stream.mixing is None, "the table alone steers nothing"
