@@ -97,6 +97,9 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
                                                    or snapshot_every_n_steps < 1):
             raise IntegrationError(f"zephon: snapshot_every_n_steps must be a positive integer or None, got {snapshot_every_n_steps!r}")
         settings = settings_of(config)
+        if config.mixing and config.replica_group >= 0:
+            raise IntegrationError("zephon: mixing is not supported in live mode (torchft): the live lanes are cut "
+                                   "from one pipeline; turn mixing off")
         validation = not config.infinite
         batches_per_step = None
         if not validation:

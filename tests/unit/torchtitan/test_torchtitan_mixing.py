@@ -70,9 +70,11 @@ def test_a_logged_step_steers_the_loader_and_its_checkpoint_resumes_on_another_d
     assert next(iter(resumed))[1].tolist() in after
 
 
-def test_mixing_is_refused_without_a_mixing_table_or_without_source_loss(tok, tmp_path):
+def test_mixing_is_refused_without_a_mixing_table_without_source_loss_or_in_live_mode(tok, tmp_path):
     with pytest.raises(IntegrationError, match=r"has no \[mixing\] table; add one"):
         _loader(tok, mixed_recipe(tmp_path), source_loss=True, mixing=True)
     with pytest.raises(IntegrationError, match="turn source_loss on too"):
         _loader(tok, steered_recipe(tmp_path), mixing=True)
+    with pytest.raises(IntegrationError, match=r"not supported in live mode \(torchft\)"):
+        _loader(tok, steered_recipe(tmp_path), source_loss=True, mixing=True, replica_group=0)
     assert _loader(tok, steered_recipe(tmp_path))._stream.mixing is None, "the table alone steers nothing"
