@@ -4,6 +4,7 @@ TorchTitan 0.3 at dp=2 over three sources (``runs.mixed_recipe``) with ``source_
 step's ``zephon/loss/<source>`` weighted by ``zephon/loss_tokens/<source>`` is TorchTitan's own
 ``global_avg_loss`` (a sum over both ranks' tokens: the figures are reduced over the data-parallel
 group), the token counts are those of the batch audit log's rows, and the console shows the same means.
+Megatron's wheel entry at TP=2 x DP=2 with ``--zephon-source-loss``: the same sums against its ``lm loss``.
 """
 
 from __future__ import annotations
@@ -85,3 +86,30 @@ def test_under_pipeline_parallelism_the_first_stage_holds_the_last_stages_figure
             assert shown[n] == ("-" if want is None else f"{want:.5f}")
         weighted = sum(ev[f"zephon/loss/{n}"][step] * t for n, t in tokens.items() if t)
         assert weighted / sum(tokens.values()) == pytest.approx(ev["loss_metrics/global_avg_loss"][step], rel=1e-4)
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("megatron"), reason="megatron-core is not installed")
+def test_megatron_logs_each_sources_loss_and_they_add_up_to_the_loss(tmp_path):
+    """Megatron's wheel entry at TP=2 x DP=2 over three token-array sources with --zephon-source-loss: the last rank
+    writes zephon/loss/<source> beside Megatron's lm loss at every iteration; weighted by their tokens the means are
+    Megatron's loss (the figures are reduced over the data-parallel group), and every label token counts once."""
+    from harnesses import load
+    from torchtitan_cpu.runs import token_corpora
+
+    h = load("megatron")
+    token_corpora(tmp_path)
+    recipe = tmp_path / "mixed.toml"
+    recipe.write_text(f"seed = 11\nchunk_size = 4\ncanonical_replicas = {h.C}\n\n[shuffle]\nwindow = 4\nseed = 2\n\n"
+                      + "".join(f'[[sources]]\nname = "{n}"\npath = "{n}.npy"\nformat = "token_array"\n'
+                                f'offsets = "{n}_offsets.npy"\n\n' for n in ("examples", "prose", "reference")))
+    r = h.run(tmp_path, "mg", h.Zrun("wheel", 4, recipe, tp=2, train_iters=4,
+                                     extra=["--zephon-source-loss", "--tensorboard-dir", "tb"]))
+    assert r.ok, r.log_tail()
+    ev = scalars(r.run_dir / "tb")
+    names = ("examples", "prose", "reference")
+    for step in range(1, 5):
+        tokens = {n: ev[f"zephon/loss_tokens/{n}"][step] for n in names}
+        assert sum(tokens.values()) == h.GBS * h.SEQ, "concat rows: every label counts once"
+        weighted = sum(ev[f"zephon/loss/{n}"][step] * t for n, t in tokens.items() if t)
+        assert weighted / sum(tokens.values()) == pytest.approx(ev["lm loss"][step], rel=1e-4)
+    assert len(re.findall(r"zephon: loss by source .* \| iteration \d+", r.text)) == 4

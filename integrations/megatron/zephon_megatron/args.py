@@ -47,6 +47,10 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
                                   help="Every --log-interval, write Zephon's figures (zephon/...) to Megatron's "
                                        "TensorBoard and W&B writers and its console (on the last rank, as Megatron's "
                                        "own).")),
+    ("--zephon-source-loss", dict(action="store_true", default=False,
+                                  help="Every --log-interval, the training loss per source (zephon/loss/<source>) in "
+                                       "Megatron's TensorBoard and W&B writers and its console, on the last rank "
+                                       "(the wheel entry zephon_megatron.pretrain_gpt only).")),
     ("--dataloader-save", dict(type=str, default=None, metavar="DIR",
                                help="Folder for the per-iteration loader state (Megatron's maybe_save_dataloader_state); "
                                     "the state of the resumed iteration is read back from it.")),
@@ -150,6 +154,7 @@ class Settings:
     run_id: str | None = None
     dataloader_save: str | None = None
     log_metrics: bool = False
+    source_loss: bool = False
 
     @classmethod
     def selected(cls, args: Any) -> Settings | None:
@@ -176,6 +181,7 @@ class Settings:
             run_id=getattr(args, "zephon_run_id", None) or None,
             dataloader_save=getattr(args, "dataloader_save", None) or None,
             log_metrics=bool(getattr(args, "zephon_log_metrics", False)),
+            source_loss=bool(getattr(args, "zephon_source_loss", False)),
         )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core import Batch
+from zephon_core.integration import label_sources
 
 #: Keys of a micro-batch, in Megatron's order; absent pieces are None.
 KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids", "cu_seqlens", "max_seqlen")
@@ -39,6 +40,7 @@ class BatchFormat:
     attention_mask: bool = False  # send a mask at all (only --reset-attention-mask needs one)
     reset_attention_mask: bool = False
     cu_seqlens: bool = False  # --dataloader-inter-document-masking
+    source_ids: bool = False  # --zephon-source-loss: each label's source (``zephon_sources``)
 
     @classmethod
     def from_args(cls, args: Any, eod_id: int | None) -> BatchFormat:
@@ -50,6 +52,7 @@ class BatchFormat:
             attention_mask=reset_mask and bool(getattr(args, "create_attention_mask_in_dataloader", True)),
             reset_attention_mask=reset_mask,
             cu_seqlens=bool(getattr(args, "dataloader_inter_document_masking", False)),
+            source_ids=bool(getattr(args, "zephon_source_loss", False)),
         )
 
 
@@ -116,6 +119,9 @@ def to_megatron(batch: Batch, fmt: BatchFormat) -> dict[str, np.ndarray | None]:
             max_len[r] = int(np.max(np.diff(bounds)))
         out["cu_seqlens"] = cu
         out["max_seqlen"] = max_len
+    if fmt.source_ids:
+        # Only with the option on: a micro-batch without it keeps exactly Megatron's keys.
+        out["zephon_sources"] = label_sources(batch).astype(np.int64)
     return out
 
 

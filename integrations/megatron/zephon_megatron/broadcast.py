@@ -9,7 +9,7 @@ gloo.
 
 Three collectives per micro-batch: the header, one int64 payload (tokens,
 labels, position ids, the loss mask's float32 bits, and ``cu_seqlens`` /
-``max_seqlen`` when present), and the attention mask as uint8 when present.
+``max_seqlen`` and the label source ids ``zephon_sources`` when present), and the attention mask as uint8 when present.
 With ``ZEPHON_BATCH_LOG`` set the header also carries a checksum of the
 payload, which every peer verifies.
 """
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from zephon_core.integration import LoggedBatch
 
 _HEADER_LEN = 12
-_F_ATTN, _F_CU, _F_CHECK = 1, 2, 4
+_F_ATTN, _F_CU, _F_CHECK, _F_SRC = 1, 2, 4, 8
 
 
 class MicroBatch(dict):
@@ -78,10 +78,14 @@ def _pack(batch: MicroBatch, device: Any, verify: bool) -> tuple[list[int], torc
     ]
     if cu is not None:
         parts += [cu.reshape(-1).to(torch.int64), batch["max_seqlen"].reshape(-1).to(torch.int64)]
+    sources = batch.get("zephon_sources")
+    if sources is not None:
+        parts.append(sources.reshape(-1).to(torch.int64))
     payload = torch.cat([p.to(device) for p in parts])
     meta = batch.meta
     attn = batch.get("attention_mask")
-    flags = (_F_ATTN if attn is not None else 0) | (_F_CU if cu is not None else 0) | (_F_CHECK if verify else 0)
+    flags = ((_F_ATTN if attn is not None else 0) | (_F_CU if cu is not None else 0) | (_F_CHECK if verify else 0)
+             | (_F_SRC if sources is not None else 0))
     d0, d1 = _digest_words(meta.digest) if meta else (0, 0)
     c0, c1 = _checksum(payload) if verify else (0, 0)
     values = [B, L, flags, cu.shape[1] if cu is not None else 0, meta.lane if meta else -1,
@@ -128,9 +132,12 @@ def broadcast_microbatch(batch: MicroBatch | None, *, src: int, group: Any, veri
         attention_mask = buf.to(torch.bool)
     out["attention_mask"] = attention_mask
     out["position_ids"] = payload[2 * BL : 3 * BL].view(B, L)
+    start = 4 * BL
     if flags & _F_CU:
-        start = 4 * BL
         out["cu_seqlens"] = payload[start : start + B * cu_w].to(torch.int32).view(B, cu_w)
         out["max_seqlen"] = payload[start + B * cu_w : start + B * cu_w + B].to(torch.int32)
+        start += B * cu_w + B
+    if flags & _F_SRC:
+        out["zephon_sources"] = payload[start : start + BL].view(B, L)
     out.meta = LoggedBatch.identity(lane, lane_index, _words_digest(d0, d1)) if lane >= 0 else None
     return out

@@ -60,8 +60,9 @@ from zephon_megatron import state as loader_state
 from zephon_megatron.args import Settings
 from zephon_megatron.batches import BatchFormat
 from zephon_megatron.iterators import TrainStream, ZephonTrainIterator, ZephonValidIterator, ZephonValidSet
-from zephon_megatron.metrics import MegatronMetrics
+from zephon_megatron.metrics import MegatronMetrics, megatron_writers
 from zephon_megatron.schedule import BatchSchedule, StepCounter, Steps
+from zephon_megatron.source_loss import MegatronSourceLoss
 from zephon_megatron.tokenizer import TokenizerAdapter, tokenizer_eod
 from zephon_megatron.validate import ZephonMegatronError, check_run
 
@@ -252,6 +253,7 @@ class RankLoader:
         if place.loads:
             self.stream = self._stream(schedule, resumed)
         self.metrics = MegatronMetrics.set_up(args, self.stream) if settings.log_metrics else None
+        self.source_loss = per_source_loss(args, self.plan.recipe) if settings.source_loss else None
 
     def _announce(self, resumed: loader_state.LoaderState | None) -> None:
         """The start-up line and, resuming, where the loader state stood (rank 0); each rank's lanes at debug."""
@@ -359,6 +361,29 @@ def provide(args: Any, vp_stage: int | None = None) -> tuple[Any, Any, Any]:
         _CURRENT["args"] = args
     loader: RankLoader = _CURRENT["loader"]
     return loader.train_for(vp_stage), loader.valid_for(vp_stage), None
+
+
+def per_source_loss(args: Any, recipe: Any) -> MegatronSourceLoss:
+    """This rank's per-source loss (``--zephon-source-loss``): every rank reduces, the last one writes."""
+    import torch.distributed as dist
+
+    if ROUTE["megatron_broadcast"]:
+        raise ZephonMegatronError("zephon: --zephon-source-loss needs the wheel entry "
+                                  "(-m zephon_megatron.pretrain_gpt), whose loss function adds the losses per source; "
+                                  "remove it on this route")
+    if int(getattr(args, "context_parallel_size", 1) or 1) > 1:
+        raise ZephonMegatronError("zephon: --zephon-source-loss does not support context parallelism; "
+                                  "remove it or --context-parallel-size")
+
+    last = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == dist.get_world_size() - 1
+    return MegatronSourceLoss(tuple(s.name for s in recipe.sources()), log_interval=int(args.log_interval or 1),
+                              writes=last, writers=megatron_writers)
+
+
+def current_source_loss() -> MegatronSourceLoss | None:
+    """This rank's per-source loss (None: none, or ``--zephon-source-loss`` is off)."""
+    loader: RankLoader | None = _CURRENT["loader"]
+    return loader.source_loss if loader is not None else None
 
 
 def current_metrics() -> MegatronMetrics | None:

@@ -167,11 +167,15 @@ def wrap_training_log(original: Any) -> Any:
 
     def training_log(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
-        from zephon_megatron.loader import current_metrics
+        from zephon_megatron.loader import current_metrics, current_source_loss
 
+        iteration = int(signature.bind(*args, **kwargs).arguments["iteration"])
         metrics = current_metrics()
         if metrics is not None:
-            metrics.at_iteration(int(signature.bind(*args, **kwargs).arguments["iteration"]))
+            metrics.at_iteration(iteration)
+        by_source = current_source_loss()
+        if by_source is not None:
+            by_source.at_iteration(iteration)  # a collective: every rank calls training_log
         return result
 
     return training_log

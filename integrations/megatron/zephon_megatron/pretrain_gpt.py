@@ -23,7 +23,7 @@ from typing import Any
 
 from zephon_megatron.plugin import install
 
-_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids", "zephon_sources")
 _AUDIT: dict[str, Any] = {"received": None}
 
 
@@ -98,10 +98,17 @@ def _vp_stage(model: Any) -> int | None:
         return None
 
 
-def loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, Any, dict[str, Any]]:
-    """Token-summed loss, the number of counted tokens, and the pair for logging."""
+def loss_func(loss_mask: Any, output_tensor: Any, sources: Any = None) -> tuple[Any, Any, dict[str, Any]]:
+    """Token-summed loss, the number of counted tokens, and the pair for logging; with ``sources`` (the label
+    source ids, ``--zephon-source-loss``) a training call also adds each counted label's loss to its source."""
     import torch
 
+    if sources is not None and torch.is_grad_enabled() and output_tensor.requires_grad:
+        from zephon_megatron.loader import current_source_loss
+
+        tally = current_source_loss()
+        if tally is not None:
+            tally.add(output_tensor, loss_mask, sources)
     per_token = output_tensor.float().reshape(-1)
     weights = loss_mask.float().reshape(-1)
     total = (per_token * weights).sum()
@@ -119,7 +126,7 @@ def forward_step(data_iterator: Any, model: Any, return_schedule_plan: bool = Fa
     batch = get_batch(data_iterator, _vp_stage(model))
     timers("batch-generator").stop()
     output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
-    return output, partial(loss_func, batch["loss_mask"])
+    return output, partial(loss_func, batch["loss_mask"], sources=batch.get("zephon_sources"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,8 @@ FORMATS = {
     "plain": BatchFormat(eod_id=9),
     "masks": BatchFormat(eod_id=9, eod_mask_loss=True, reset_position_ids=True, attention_mask=True, reset_attention_mask=True),
     "cu": BatchFormat(eod_id=9, reset_position_ids=True, cu_seqlens=True),
+    # --zephon-source-loss: the label source ids ride after cu_seqlens in the payload.
+    "sources": BatchFormat(eod_id=9, reset_position_ids=True, cu_seqlens=True, source_ids=True),
 }
 
 
@@ -65,7 +67,7 @@ def _megatron_check(group) -> str:
     return "ok"
 
 
-CASES = [("plain", True), ("masks", False), ("cu", True)]
+CASES = [("plain", True), ("masks", False), ("cu", True), ("sources", True)]
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +92,11 @@ def test_peers_receive_exactly_what_rank_zero_sent(exchanged, fmt_name):
         assert b["tokens"].dtype == np.int64 and b["loss_mask"].dtype == np.float32
         if fmt_name == "masks":
             assert b["attention_mask"].dtype == bool and b["attention_mask"].shape == (2, 1, 10, 10)
-        if fmt_name == "cu":
+        if fmt_name in ("cu", "sources"):
             assert b["cu_seqlens"].dtype == np.int32 and b["max_seqlen"].dtype == np.int32
+        assert ("zephon_sources" in b) == (fmt_name == "sources")
+        if fmt_name == "sources":
+            assert b["zephon_sources"].shape == (2, 10) and set(np.unique(b["zephon_sources"])) <= {-1, 0}
 
 
 def test_batches_fit_megatrons_get_batch_on_this_tp_rank(exchanged):
