@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from zephon_core.checkpoint.state import LaneState, make_state, parse_lanes, verify_checksum
+from zephon_core.checkpoint.surgery import journal_of as surgery_of
 from zephon_core.curriculum.journal import first_difference, journal_of
 from zephon_core.errors import StateError
 
@@ -38,6 +39,7 @@ def merge_parsed(
     Returns the merged state and its lanes (the aggregation merges level by level).
     """
     first = states[0]
+    surgery = surgery_of(first)
     merged: dict[int, LaneState] = {}
     owner: dict[int, int] = {}
     for n, (st, lanes) in enumerate(zip(states, lanes_of)):
@@ -46,6 +48,9 @@ def merge_parsed(
             raise StateError(f"{labels[n]} has a different data definition than {labels[0]}: {'; '.join(diff_definitions(first['definition'], st['definition'])[:3])}")
         if st["canonical_replicas"] != first["canonical_replicas"]:
             raise StateError(f"{labels[n]} has canonical_replicas={st['canonical_replicas']}, {labels[0]} has {first['canonical_replicas']}")
+        if surgery_of(st) != surgery:
+            raise StateError(f"{labels[n]} has another surgery journal than {labels[0]} (steps skipped): "
+                             "every rank must be told the same skip before the same step")
         for lane, ls in lanes.items():
             if lane in merged and merged[lane] != ls:
                 raise StateError(
@@ -56,7 +61,7 @@ def merge_parsed(
             owner.setdefault(lane, n)
     degrees = [st["topology"].get("dp_degree") for st in states if isinstance(st["topology"].get("dp_degree"), int)]
     topo = {"dp_degree": max(degrees) if degrees else None, "world_size": world_size or first["topology"].get("world_size")}
-    return make_state(first["definition"], first["canonical_replicas"], topo, merged), merged
+    return make_state(first["definition"], first["canonical_replicas"], topo, merged, surgery), merged
 
 
 def _check_journal(leader: Mapping[str, Any], other: Mapping[str, Any], leader_label: str, label: str) -> None:

@@ -10,6 +10,7 @@ A state is plain JSON data (no pickle, nothing executable):
      "lanes": {"<lane>": {"cursor": [chunk, document, token, delivered_in_window],
                           "delivered": batches delivered,
                           "tally": what the lane delivered (zephon_core.metrics.Tally)}},
+     "surgery": {...} (only when the run had surgery: steps skipped; zephon_core.checkpoint.surgery),
      "checksum": sha256 of the canonical JSON of all the other fields}
 
 A per-group state holds the lanes that group owns; merging states takes the
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_core.batch import Cursor
+from zephon_core.checkpoint.surgery import FIELD as SURGERY
+from zephon_core.checkpoint.surgery import Journal, journal_of, refuse_begun, skip_of
 from zephon_core.errors import StateError
 from zephon_core.metrics import Tally
 from zephon_core.validation import require_int
@@ -78,7 +81,7 @@ def parse_lanes(state: Mapping[str, Any]) -> dict[int, LaneState]:
     missing = sorted(_TOP_KEYS - state.keys())
     if missing:
         raise StateError(f"state is missing field(s): {', '.join(missing)}")
-    extra = sorted(set(state.keys()) - _TOP_KEYS)
+    extra = sorted(set(state.keys()) - _TOP_KEYS - {SURGERY})
     if extra:
         raise StateError(f"state has unknown field(s): {', '.join(map(str, extra))}")
     if state["format"] != FORMAT:
@@ -93,6 +96,7 @@ def parse_lanes(state: Mapping[str, Any]) -> dict[int, LaneState]:
     C = _int(state["canonical_replicas"], "canonical_replicas", 1)
     if not isinstance(state["topology"], Mapping):
         raise StateError("state field topology must be a dict")
+    journal_of(state)
     lanes_raw = state["lanes"]
     if not isinstance(lanes_raw, Mapping):
         raise StateError("state field lanes must be a dict")
@@ -144,8 +148,10 @@ def verify_checksum(state: Mapping[str, Any]) -> None:
         raise StateError("state field checksum does not match its content: the state was altered or corrupted")
 
 
-def make_state(definition: Mapping[str, Any], C: int, topology: Mapping[str, Any], lanes: Mapping[int, LaneState]) -> dict[str, Any]:
-    state = {
+def make_state(definition: Mapping[str, Any], C: int, topology: Mapping[str, Any], lanes: Mapping[int, LaneState],
+               surgery: Journal | None = None) -> dict[str, Any]:
+    """A state of ``lanes``; ``surgery`` (when not empty) is journaled in it, otherwise the field is absent."""
+    state: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "fingerprint": fingerprint_of(definition),
@@ -157,5 +163,22 @@ def make_state(definition: Mapping[str, Any], C: int, topology: Mapping[str, Any
             for lane, ls in sorted(lanes.items())
         },
     }
+    if surgery:
+        state[SURGERY] = surgery.to_json()
     state["checksum"] = checksum_of(state)
     return state
+
+
+def skip_in_state(state: Mapping[str, Any], first: int, last: int, batches_per_step: int) -> dict[str, Any]:
+    """``state`` with global steps ``first..last`` journaled as skipped (``checkpoint.surgery``); its lanes are
+    untouched, so the skip is undone by taking the journal entry out again.
+
+    Refused (StateError) when the state is not intact, or when one of its lanes already delivered a batch of
+    step ``first`` or later: a skip starts after the checkpoint it is applied to (roll back first).
+    """
+    lanes = parse_lanes(state)
+    verify_checksum(state)
+    skip = skip_of(first, last, batches_per_step, state["canonical_replicas"])
+    refuse_begun(skip, lanes)
+    journal = journal_of(state).with_skip(skip)
+    return make_state(state["definition"], state["canonical_replicas"], state["topology"], lanes, journal)

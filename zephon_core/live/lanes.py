@@ -186,7 +186,8 @@ class LiveLanes:
     def _slot_state(self) -> dict[str, Any]:
         ident = self._pipeline.identity
         topology = {"dp_degree": ident.dp_degree, "dp_group_id": ident.dp_group_id, "live_step": self._step}
-        return make_state(self._pipeline.definition(), ident.canonical_replicas, topology, self.committed())
+        return make_state(self._pipeline.definition(), ident.canonical_replicas, topology, self.committed(),
+                          self._pipeline.surgery)
 
     def state_dict(self) -> dict[str, Any]:
         """The committed table for a joining or healing replica group (torchft's ``register_state_dict_fn``)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from zephon_core.batch import Batch, Cursor
 from zephon_core.checkpoint.state import LaneState, fingerprint_of, make_state, parse_lanes, verify_checksum
+from zephon_core.checkpoint.surgery import Journal, journal_of, refuse_begun, skip_of
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError, StateError
 from zephon_core.lane.ops import BatchOp, DocOp, FilterOp, MapOp, Op, PackOp, ShuffleOp, TokenizeOp
@@ -49,6 +50,7 @@ class Pipeline:
         self._opts = _options or Options()
         self._identity = resolve_identity(self._opts)
         self._restored: dict[int, LaneState] | None = None
+        self.surgery = Journal()  # steps skipped: from the restored state and skip_steps()
         self._run: RunFigures | None = None  # the lanes of the last merged or restored state, summed
         self._engine: Engine | None = None
         self._aggregator: Any = None
@@ -151,14 +153,25 @@ class Pipeline:
             if self._engine is None:
                 ident = self._identity
                 self._engine = Engine(self._chain(), self.work_source, ident.lanes, ident.canonical_replicas,
-                                      self._opts, self._restored or {})
+                                      self._opts, self._restored or {}, self.surgery.skipper())
             return self._engine
 
     def engine_for(self, lanes: list[int], start: Mapping[int, LaneState]) -> Engine:
         """A fresh engine over ``lanes`` from ``start`` (live mode reassigns lanes at every step); the caller closes
         it."""
         C = self._identity.canonical_replicas
-        return Engine(self._chain(), self.work_source, lanes, C, self._opts, start)
+        return Engine(self._chain(), self.work_source, lanes, C, self._opts, start, self.surgery.skipper())
+
+    def skip_steps(self, first: int, last: int, batches_per_step: int) -> None:
+        """Leave out the data of global steps ``first..last`` (from 1; ``batches_per_step`` batches each, on every
+        rank together): the lanes move past it as if it had trained, nothing of it is delivered, and the skip is
+        journaled in every later state (``zephon_core.checkpoint.surgery``). Before iterating or at any step
+        before ``first``; a step this pipeline's lanes already delivered is refused (roll back first)."""
+        skip = skip_of(first, last, batches_per_step, self._identity.canonical_replicas)
+        refuse_begun(skip, self._lane_states(copy=False))
+        self.surgery = self.surgery.with_skip(skip)
+        if self._engine is not None:
+            self._engine.skips = self.surgery.skipper()
 
     def close(self) -> None:
         """Stop background threads and pools; the pipeline cannot be iterated after."""
@@ -184,7 +197,7 @@ class Pipeline:
     def _local_state(self, lanes: Mapping[int, LaneState]) -> dict[str, Any]:
         ident = self._identity
         topology = {"dp_degree": ident.dp_degree, "dp_group_id": ident.dp_group_id, "world_size": ident.world_size, "global_rank": ident.global_rank}
-        return make_state(self.definition(), ident.canonical_replicas, topology, lanes)
+        return make_state(self.definition(), ident.canonical_replicas, topology, lanes, self.surgery)
 
     def checkpoint(self) -> dict[str, Any]:
         """The progress of delivered batches, as a JSON-serialisable dict.
@@ -297,6 +310,7 @@ class Pipeline:
         _warn_if_uneven(ident, stacklevel=3)  # the adopted canonical_replicas may not divide this dp_degree
         self._identity = ident
         self._restored = {lane: lanes[lane] for lane in ident.lanes}
+        self.surgery = journal_of(state).union(self.surgery)
         self._run = run_figures(self.work_source, lanes)
 
 

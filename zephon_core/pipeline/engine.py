@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from zephon_core.batch import Batch, Cursor
 from zephon_core.checkpoint.state import LaneState
+from zephon_core.checkpoint.surgery import LaneSkips
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.lane.assignment import next_lane
 from zephon_core.lane.docops import DocOpRunner
@@ -142,13 +143,16 @@ class Engine:
 
     ``lane_states()`` are the lanes' positions after the last batch *delivered*
     to the caller, with their tallies: batches produced ahead never count.
+    A batch whose lane number is in ``skips`` (steps skipped by surgery) is counted
+    as delivered and not handed out; setting ``skips`` takes effect at the next batch.
     """
 
     _END = object()
 
     def __init__(self, chain: OperatorChain, work_source: WorkSource, lanes: list[int], canonical_replicas: int,
-                 opts: Options, restored: Mapping[int, LaneState]) -> None:
+                 opts: Options, restored: Mapping[int, LaneState], skips: LaneSkips | None = None) -> None:
         doc_ops, pack, shuffle, batch = chain
+        self.skips = skips
         self.lanes = list(lanes)
         self._runner = DocOpRunner(doc_ops)
         self._reader = ThreadPoolExecutor(opts.reader_threads, thread_name_prefix="zephon-read") if opts.reader_threads else None
@@ -224,6 +228,12 @@ class Engine:
         return self
 
     def __next__(self) -> Batch:
+        while True:
+            b = self._take()
+            if self.skips is None or b.lane_index not in self.skips:
+                return b
+
+    def _take(self) -> Batch:
         t0 = time.perf_counter()
         if self._queue is None:
             b = next(self._gen)

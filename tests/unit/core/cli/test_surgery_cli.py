@@ -1,0 +1,75 @@
+"""``zephon skip`` run as a user would (issue #35): the state is rewritten whole with the skip journaled, the resume
+leaves the steps out, and every command of docs/when_a_run_goes_wrong.md runs as written on a real run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.cli import zephon
+from support.doc_commands import documented
+
+from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.verify.simulate import Phase, first_mismatch, run_phase
+
+ROOT = Path(__file__).resolve().parents[4]
+DEMO = ROOT / "configs" / "data" / "demo.toml"
+PAGE = "docs/when_a_run_goes_wrong.md"
+
+
+def _make(G: int, g: int):
+    from zephon_core.recipe import load_recipe
+
+    return load_recipe(DEMO).build_standalone(dp_degree=G, dp_group_id=g, prefetch=0)
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory):
+    """A folder holding run/state.json: the demo recipe after 2 global steps of 8 batches on 2 groups."""
+    out = tmp_path_factory.mktemp("run")
+    (out / "run").mkdir()
+    _, state = run_phase(_make, Phase(2, 2), 8, None)
+    (out / "run" / "state.json").write_text(json.dumps(state))
+    return out
+
+
+def test_skip_journals_the_steps_and_the_resume_leaves_them_out(run_folder, tmp_path):
+    state_path = run_folder / "run" / "state.json"
+    out = tmp_path / "skipped.json"
+    r = zephon("skip", "--state", str(state_path), "--steps", "4..5", "--batches-per-step", "8", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "steps 4..5" in r.stdout
+    skipped = json.loads(out.read_text())
+    assert [str(s) for s in journal_of(skipped).skips] == ["steps 4..5"]
+    before = json.loads(state_path.read_text())
+    assert skipped["lanes"] == before["lanes"]  # only the journal changed
+    reference, _ = run_phase(_make, Phase(1, 8), 8, None)
+    resumed, _ = run_phase(_make, Phase(4, 4), 8, skipped)
+    assert first_mismatch(resumed, reference[2:3] + reference[5:8]) is None
+
+
+def test_a_bad_skip_is_one_line_and_leaves_the_state_as_it_was(run_folder, tmp_path):
+    path = tmp_path / "state.json"
+    path.write_bytes((run_folder / "run" / "state.json").read_bytes())
+    original = path.read_bytes()
+    for steps, says in (("1..3", "past step 0"), ("3..x", "--steps '3..x'"), ("5..4", "1 <= A <= B")):
+        r = zephon("skip", "--state", str(path), "--steps", steps, "--batches-per-step", "8")
+        assert r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert path.read_bytes() == original
+
+
+PAGE_COMMANDS = [c for c in documented() if c.where.startswith(PAGE) and " run/" in c.text]  # the rest are synopses
+
+
+def test_the_documented_commands_run_as_written(run_folder, tmp_path):
+    assert PAGE_COMMANDS
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "state.json").write_bytes((run_folder / "run" / "state.json").read_bytes())
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for c in PAGE_COMMANDS:
+        r = subprocess.run(["bash", "-c", c.text], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, f"{c.where}: `{c.text}` failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"

@@ -1,0 +1,138 @@
+"""The surgery journal: data a run was told to leave out, kept in its checkpoint state.
+
+A skip of global steps ``a..b`` (from 1, inclusive) drops every batch of those steps: each lane
+delivers ``batches_per_lane = batches_per_step / canonical_replicas`` batches a step on every
+topology, so the skip is the lane batch numbers ``(a-1)*k .. b*k - 1`` of every lane. The lanes
+still cut those batches and move their cursors past them (the batches count in ``delivered`` and
+in the tally, as if they had trained), so step numbers after the skip keep their meaning: step
+``b+1`` holds what it holds in a run without the skip, on any data-parallel degree.
+
+In a state the journal is an optional top-level field, present only when something was done::
+
+    "surgery": {"skips": [{"steps": [a, b], "batches_per_lane": k}, ...],
+                "checksum": sha256 of the canonical JSON of "skips"}
+
+A state without surgery is byte for byte what it was before the journal existed. Its own checksum
+catches an edit of the journal alone; the state's checksum covers it as well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from zephon_core.errors import StateError
+
+FIELD = "surgery"
+
+
+@dataclass(frozen=True, order=True)
+class Skip:
+    """Global steps ``first..last`` (from 1, inclusive) left out, at ``batches_per_lane`` batches a lane a step."""
+
+    first: int
+    last: int
+    batches_per_lane: int
+
+    def lane_batches(self) -> range:
+        """The lane batch numbers (``Batch.lane_index``) this skip leaves out, the same in every lane."""
+        k = self.batches_per_lane
+        return range((self.first - 1) * k, self.last * k)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": [self.first, self.last], "batches_per_lane": self.batches_per_lane}
+
+    def __str__(self) -> str:
+        return f"steps {self.first}..{self.last}"
+
+
+def skip_of(first: int, last: int, batches_per_step: int, canonical_replicas: int) -> Skip:
+    """The skip of global steps ``first..last`` of ``batches_per_step`` batches; refused (StateError) when the steps
+    are out of order or a step's batches are not a whole number per lane."""
+    if isinstance(first, bool) or isinstance(last, bool) or not 1 <= first <= last:
+        raise StateError(f"a skip needs steps A..B with 1 <= A <= B, got {first}..{last}")
+    if batches_per_step < 1 or batches_per_step % canonical_replicas:
+        raise StateError(f"batches per step {batches_per_step} must be a positive multiple of canonical_replicas "
+                         f"{canonical_replicas}: a skipped step must hold the same batches on every topology")
+    return Skip(first, last, batches_per_step // canonical_replicas)
+
+
+def refuse_begun(skip: Skip, lanes: Mapping[int, Any]) -> None:
+    """Refuse (StateError) a skip when one of ``lanes`` (lane -> its ``LaneState``) already delivered a batch of it."""
+    begun = [(lane, ls.delivered) for lane, ls in sorted(lanes.items()) if ls.delivered > skip.lane_batches().start]
+    if begun:
+        lane, n = begun[0]
+        raise StateError(f"cannot skip {skip}: lane {lane} already delivered {n} batches "
+                         f"({skip.batches_per_lane} a step), past step {skip.first - 1}; "
+                         f"skip from a checkpoint taken before step {skip.first}")
+
+
+@dataclass(frozen=True)
+class Journal:
+    """What surgery a run has had; empty for almost every run."""
+
+    skips: tuple[Skip, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.skips)
+
+    def with_skip(self, skip: Skip) -> Journal:
+        """This journal and ``skip`` (once; kept in step order)."""
+        return self if skip in self.skips else Journal(tuple(sorted({*self.skips, skip})))
+
+    def union(self, other: Journal) -> Journal:
+        out = self
+        for skip in other.skips:
+            out = out.with_skip(skip)
+        return out
+
+    def skipper(self) -> LaneSkips | None:
+        """What a lane checks for every batch it delivers (None: nothing to skip)."""
+        return LaneSkips(self) if self.skips else None
+
+    def to_json(self) -> dict[str, Any]:
+        skips = [s.to_json() for s in self.skips]
+        return {"skips": skips, "checksum": _checksum(skips)}
+
+
+class LaneSkips:
+    """Whether a lane batch number falls in a skipped range; ranges in order, so the check is a comparison or two."""
+
+    __slots__ = ("_ranges",)
+
+    def __init__(self, journal: Journal) -> None:
+        self._ranges = sorted((r.start, r.stop) for r in (s.lane_batches() for s in journal.skips) if r)
+
+    def __contains__(self, lane_index: int) -> bool:
+        return any(lo <= lane_index < hi for lo, hi in self._ranges)
+
+
+def _checksum(skips: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(skips, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def journal_of(state: Mapping[str, Any]) -> Journal:
+    """The journal of a state (empty when it has none); a malformed or altered journal is a StateError naming it."""
+    raw = state.get(FIELD)
+    if raw is None:
+        return Journal()
+    if not isinstance(raw, Mapping) or set(raw) != {"skips", "checksum"} or not isinstance(raw["skips"], list):
+        raise StateError(f"state field {FIELD} must have exactly the fields checksum and skips (a list)")
+    if raw["checksum"] != _checksum(raw["skips"]):
+        raise StateError(f"state field {FIELD}.checksum does not match its skips: the journal was altered or corrupted")
+    skips = []
+    for n, entry in enumerate(raw["skips"]):
+        where = f"{FIELD}.skips[{n}]"
+        if not isinstance(entry, Mapping) or set(entry) != {"steps", "batches_per_lane"}:
+            raise StateError(f"state field {where} must have exactly the fields batches_per_lane and steps")
+        steps, k = entry["steps"], entry["batches_per_lane"]
+        if (not isinstance(steps, list) or len(steps) != 2 or not all(type(v) is int for v in steps)
+                or not 1 <= steps[0] <= steps[1] or type(k) is not int or k < 1):
+            raise StateError(f"state field {where} must be steps [A, B] with 1 <= A <= B and batches_per_lane >= 1")
+        skips.append(Skip(steps[0], steps[1], k))
+    if not skips:
+        raise StateError(f"state field {FIELD} has no skips: a state without surgery has no {FIELD} field")
+    return Journal(tuple(sorted(set(skips))))
