@@ -24,6 +24,7 @@ from goals import (
     p11_live,
     profiles,
     study_curriculum,
+    study_ledger,
     study_packing,
 )
 
@@ -42,6 +43,7 @@ REGISTRY: list[Goal] = [
     p11_live.GOAL,
     study_curriculum.GOAL,
     study_packing.GOAL,
+    study_ledger.GOAL,
     profiles.GOAL,
 ]
 

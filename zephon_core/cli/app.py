@@ -11,12 +11,24 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from zephon_core.cli import diff, explain, from_megatron, index, init, inspect, report, skip, trace, verify_elastic
+from zephon_core.cli import (
+    diff,
+    explain,
+    from_megatron,
+    index,
+    init,
+    inspect,
+    ledger,
+    report,
+    skip,
+    trace,
+    verify_elastic,
+)
 from zephon_core.cli.errors import debug_option, run
 
 #: Every command, in the order ``zephon --help`` lists them: a module with ``register(sub)``, which adds
 #: its parser and sets ``fn`` to the function that runs it.
-COMMANDS = (explain, inspect, diff, verify_elastic, trace, report, index, init, from_megatron, skip)
+COMMANDS = (explain, inspect, diff, verify_elastic, trace, report, index, init, from_megatron, skip, ledger)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from support.cli import zephon
 from support.doc_commands import documented
 
 from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.integration.batch_log import log_line
 from zephon_core.verify.simulate import Phase, first_mismatch, run_phase
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -29,10 +30,14 @@ def _make(G: int, g: int):
 
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory):
-    """A folder holding run/state.json: the demo recipe after 2 global steps of 8 batches on 2 groups."""
+    """A folder holding run/state.json, the demo recipe after 2 global steps of 8 batches on 2 groups, and the
+    groups' batch audit logs run/batches-{rank}.log."""
     out = tmp_path_factory.mktemp("run")
     (out / "run").mkdir()
-    _, state = run_phase(_make, Phase(2, 2), 8, None)
+    logs = {g: (out / "run" / f"batches-{g}.log").open("w") for g in (0, 1)}
+    _, state = run_phase(_make, Phase(2, 2), 8, None, on_batch=lambda g, b: logs[g].write(log_line(b)))
+    for f in logs.values():
+        f.close()
     (out / "run" / "state.json").write_text(json.dumps(state))
     return out
 
@@ -68,8 +73,14 @@ PAGE_COMMANDS = [c for c in documented() if c.where.startswith(PAGE) and " run/"
 def test_the_documented_commands_run_as_written(run_folder, tmp_path):
     assert PAGE_COMMANDS
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "state.json").write_bytes((run_folder / "run" / "state.json").read_bytes())
+    for f in (run_folder / "run").iterdir():
+        (tmp_path / "run" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    outputs = []
     for c in PAGE_COMMANDS:
         r = subprocess.run(["bash", "-c", c.text], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, f"{c.where}: `{c.text}` failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+        outputs.append(r.stdout)
+    assert "stdlib_docs.jsonl#693 (" in "".join(outputs) and "every batch agrees" in outputs[-1]
+    assert (tmp_path / "run" / "ledger.parquet").stat().st_size > 0
