@@ -49,6 +49,22 @@ class Skip:
         return f"steps {self.first}..{self.last}"
 
 
+@dataclass(frozen=True, order=True)
+class Quarantine:
+    """``documents`` (source name, document number) left out of every lane from lane chunk ``from_chunks[lane]`` on:
+    the first chunk the lane had not begun to read when the quarantine was journaled, so nothing the run already
+    trained on, or will refill on a restore, changes."""
+
+    documents: tuple[tuple[str, int], ...]
+    from_chunks: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"documents": [list(d) for d in self.documents], "from_lane_chunks": list(self.from_chunks)}
+
+    def __str__(self) -> str:
+        return ", ".join(f"{s}#{d}" for s, d in self.documents)
+
+
 def skip_of(first: int, last: int, batches_per_step: int, canonical_replicas: int) -> Skip:
     """The skip of global steps ``first..last`` of ``batches_per_step`` batches; refused (StateError) when the steps
     are out of order or a step's batches are not a whole number per lane."""
@@ -75,18 +91,25 @@ class Journal:
     """What surgery a run has had; empty for almost every run."""
 
     skips: tuple[Skip, ...] = ()
+    quarantines: tuple[Quarantine, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.skips)
+        return bool(self.skips or self.quarantines)
 
     def with_skip(self, skip: Skip) -> Journal:
         """This journal and ``skip`` (once; kept in step order)."""
-        return self if skip in self.skips else Journal(tuple(sorted({*self.skips, skip})))
+        return self if skip in self.skips else Journal(tuple(sorted({*self.skips, skip})), self.quarantines)
+
+    def with_quarantine(self, q: Quarantine) -> Journal:
+        """This journal and ``q`` (once; kept in the order given)."""
+        return self if q in self.quarantines else Journal(self.skips, (*self.quarantines, q))
 
     def union(self, other: Journal) -> Journal:
         out = self
         for skip in other.skips:
             out = out.with_skip(skip)
+        for q in other.quarantines:
+            out = out.with_quarantine(q)
         return out
 
     def skipper(self) -> LaneSkips | None:
@@ -94,8 +117,8 @@ class Journal:
         return LaneSkips(self) if self.skips else None
 
     def to_json(self) -> dict[str, Any]:
-        skips = [s.to_json() for s in self.skips]
-        return {"skips": skips, "checksum": _checksum(skips)}
+        body = {"skips": [s.to_json() for s in self.skips], "quarantines": [q.to_json() for q in self.quarantines]}
+        return {**body, "checksum": _checksum(body)}
 
 
 class LaneSkips:
@@ -110,8 +133,8 @@ class LaneSkips:
         return any(lo <= lane_index < hi for lo, hi in self._ranges)
 
 
-def _checksum(skips: list[dict[str, Any]]) -> str:
-    return hashlib.sha256(json.dumps(skips, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+def _checksum(body: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def journal_of(state: Mapping[str, Any]) -> Journal:
@@ -119,20 +142,38 @@ def journal_of(state: Mapping[str, Any]) -> Journal:
     raw = state.get(FIELD)
     if raw is None:
         return Journal()
-    if not isinstance(raw, Mapping) or set(raw) != {"skips", "checksum"} or not isinstance(raw["skips"], list):
-        raise StateError(f"state field {FIELD} must have exactly the fields checksum and skips (a list)")
-    if raw["checksum"] != _checksum(raw["skips"]):
-        raise StateError(f"state field {FIELD}.checksum does not match its skips: the journal was altered or corrupted")
-    skips = []
-    for n, entry in enumerate(raw["skips"]):
-        where = f"{FIELD}.skips[{n}]"
-        if not isinstance(entry, Mapping) or set(entry) != {"steps", "batches_per_lane"}:
-            raise StateError(f"state field {where} must have exactly the fields batches_per_lane and steps")
-        steps, k = entry["steps"], entry["batches_per_lane"]
-        if (not isinstance(steps, list) or len(steps) != 2 or not all(type(v) is int for v in steps)
-                or not 1 <= steps[0] <= steps[1] or type(k) is not int or k < 1):
-            raise StateError(f"state field {where} must be steps [A, B] with 1 <= A <= B and batches_per_lane >= 1")
-        skips.append(Skip(steps[0], steps[1], k))
-    if not skips:
-        raise StateError(f"state field {FIELD} has no skips: a state without surgery has no {FIELD} field")
-    return Journal(tuple(sorted(set(skips))))
+    entries = ("skips", "quarantines")
+    if (not isinstance(raw, Mapping) or set(raw) != {*entries, "checksum"}
+            or not all(isinstance(raw[k], list) for k in entries)):
+        raise StateError(f"state field {FIELD} must have exactly the fields checksum, quarantines and skips (lists)")
+    if raw["checksum"] != _checksum({k: raw[k] for k in entries}):
+        raise StateError(f"state field {FIELD}.checksum does not match its entries: the journal was altered "
+                         "or corrupted")
+    journal = Journal(tuple(sorted({_skip(e, f"{FIELD}.skips[{n}]") for n, e in enumerate(raw["skips"])})),
+                      tuple(_quarantine(e, f"{FIELD}.quarantines[{n}]") for n, e in enumerate(raw["quarantines"])))
+    if not journal:
+        raise StateError(f"state field {FIELD} is empty: a state without surgery has no {FIELD} field")
+    return journal
+
+
+def _skip(entry: Any, where: str) -> Skip:
+    if not isinstance(entry, Mapping) or set(entry) != {"steps", "batches_per_lane"}:
+        raise StateError(f"state field {where} must have exactly the fields batches_per_lane and steps")
+    steps, k = entry["steps"], entry["batches_per_lane"]
+    if (not isinstance(steps, list) or len(steps) != 2 or not all(type(v) is int for v in steps)
+            or not 1 <= steps[0] <= steps[1] or type(k) is not int or k < 1):
+        raise StateError(f"state field {where} must be steps [A, B] with 1 <= A <= B and batches_per_lane >= 1")
+    return Skip(steps[0], steps[1], k)
+
+
+def _quarantine(entry: Any, where: str) -> Quarantine:
+    if not isinstance(entry, Mapping) or set(entry) != {"documents", "from_lane_chunks"}:
+        raise StateError(f"state field {where} must have exactly the fields documents and from_lane_chunks")
+    docs, firsts = entry["documents"], entry["from_lane_chunks"]
+    if (not isinstance(docs, list) or not docs or not all(
+            isinstance(d, list) and len(d) == 2 and isinstance(d[0], str) and type(d[1]) is int and d[1] >= 0
+            for d in docs)
+            or not isinstance(firsts, list) or not all(type(k) is int and k >= 0 for k in firsts)):
+        raise StateError(f"state field {where} must be documents [[source, number], ...] and from_lane_chunks "
+                         "[a lane chunk per lane]")
+    return Quarantine(tuple((s, d) for s, d in docs), tuple(firsts))

@@ -19,6 +19,7 @@ from zephon_core.cli import (
     init,
     inspect,
     ledger,
+    quarantine,
     report,
     skip,
     trace,
@@ -28,7 +29,7 @@ from zephon_core.cli.errors import debug_option, run
 
 #: Every command, in the order ``zephon --help`` lists them: a module with ``register(sub)``, which adds
 #: its parser and sets ``fn`` to the function that runs it.
-COMMANDS = (explain, inspect, diff, verify_elastic, trace, report, index, init, from_megatron, skip, ledger)
+COMMANDS = (explain, inspect, diff, verify_elastic, trace, report, index, init, from_megatron, skip, quarantine, ledger)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -45,7 +45,8 @@ def run(a: argparse.Namespace) -> int:
         print(f"{out}: steps {first}..{last} ({B} batches a step) will be skipped on resume")
     journal = journal_of(state)
     at = max((ls.delivered for ls in lanes.values()), default=0)
-    print(f"state at lane batch {at}; skips: " + (", ".join(str(s) for s in journal.skips) or "none"))
+    print(f"state at lane batch {at}; skips: " + (", ".join(str(s) for s in journal.skips) or "none")
+          + "; quarantined: " + ("; ".join(str(q) for q in journal.quarantines) or "none"))
     return 0
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
+
+import numpy as np
 
 from zephon_core.curriculum.work_source import Chunk, WorkSource
 
@@ -14,6 +17,25 @@ DESCRIPTOR_BATCH = 128
 FIRST_DESCRIPTOR_BATCH = 2
 
 
+class LaneQuarantine:
+    """Documents a lane leaves out (quarantined by surgery): each ``(first lane chunk, (source, document) pairs)``
+    from that chunk of the lane on. A left-out document keeps its slot as an empty document, as a filtered one
+    does, so every other document keeps its place in its chunk."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, parts: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> None:
+        self._parts = [(first, np.array([s << 40 | d for s, d in pairs], dtype=np.int64)) for first, pairs in parts]
+
+    def mask(self, chunk: np.ndarray, sources: np.ndarray, documents: np.ndarray) -> np.ndarray:
+        """Which of these documents (lane chunk, source and document number, parallel arrays) are left out."""
+        keys = sources.astype(np.int64) << 40 | documents.astype(np.int64)
+        out = np.zeros(len(keys), dtype=bool)
+        for first, wanted in self._parts:
+            out |= (chunk >= first) & np.isin(keys, wanted)
+        return out
+
+
 class LaneChunks:
     """Chunk descriptors of one lane, computed in batches and kept for a while.
 
@@ -21,8 +43,10 @@ class LaneChunks:
     curriculum). Safe to use from the reader threads and the caller at once.
     """
 
-    def __init__(self, work_source: WorkSource, lane: int, canonical_replicas: int) -> None:
+    def __init__(self, work_source: WorkSource, lane: int, canonical_replicas: int,
+                 quarantine: LaneQuarantine | None = None) -> None:
         self.work_source = work_source
+        self.quarantine = quarantine
         self.lane = lane
         self._stride = canonical_replicas
         self._cache: dict[int, Chunk | None] = {}

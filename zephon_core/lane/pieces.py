@@ -23,6 +23,7 @@ import numpy as np
 from zephon_core.arrays import distinct, gather_index, read_flat_grouped
 from zephon_core.curriculum.work_source import Chunk, WorkSource
 from zephon_core.errors import DataError
+from zephon_core.lane.chunks import LaneQuarantine
 from zephon_core.lane.docops import DROPPED, DocOpRunner
 from zephon_core.metrics import COUNTERS
 
@@ -77,6 +78,17 @@ def _offsets(lengths: np.ndarray, headroom: int) -> np.ndarray:
     return offsets
 
 
+def _emptied(flat: tuple[np.ndarray, np.ndarray], drop: np.ndarray, headroom: int) -> tuple[np.ndarray, np.ndarray]:
+    """The flat tokens and offsets with the documents ``drop`` marks left empty (their slots kept)."""
+    if not drop.any():
+        return flat
+    tokens, offsets = flat
+    lengths = np.diff(offsets)
+    keep = np.repeat(~drop, lengths)
+    lengths[drop] = 0
+    return np.concatenate([tokens[:headroom], tokens[headroom:][keep]]), _offsets(lengths, headroom)
+
+
 def _flat_from_docs(work_source: WorkSource, srcs: np.ndarray, docnos: np.ndarray, runner: DocOpRunner,
                     headroom: int) -> tuple[np.ndarray, np.ndarray]:
     docs: list[Any] = [None] * len(srcs)
@@ -108,9 +120,10 @@ def _flat_from_docs(work_source: WorkSource, srcs: np.ndarray, docnos: np.ndarra
     return tokens, _offsets(lengths, headroom)
 
 
-def load_piece(work_source: WorkSource, runner: DocOpRunner, parts: list[tuple[int, Chunk, int, int]], headroom: int = 0) -> Piece:
+def load_piece(work_source: WorkSource, runner: DocOpRunner, parts: list[tuple[int, Chunk, int, int]],
+               headroom: int = 0, quarantine: LaneQuarantine | None = None) -> Piece:
     """Read documents ``lo..hi-1`` of each ``(lane chunk, chunk, lo, hi)`` and run the per-document operators on them,
-    with ``headroom`` free tokens in front (see ``Piece``)."""
+    with ``headroom`` free tokens in front (see ``Piece``); ``quarantine``'s documents are left empty."""
     counts = np.array([hi - lo for _, _, lo, hi in parts], dtype=np.int64)
     chunk = np.repeat(np.array([k for k, _, _, _ in parts], dtype=np.int64), counts)
     index = gather_index(np.array([lo for _, _, lo, _ in parts], dtype=np.int64), counts)
@@ -119,4 +132,6 @@ def load_piece(work_source: WorkSource, runner: DocOpRunner, parts: list[tuple[i
     flat = _flat_from_sources(work_source, srcs, docs, headroom) if not runner.ops else None
     if flat is None:
         flat = _flat_from_docs(work_source, srcs, docs, runner, headroom)
+    if quarantine is not None:
+        flat = _emptied(flat, quarantine.mask(chunk, srcs, docs), headroom)
     return Piece(chunk, index, srcs, docs, *flat, headroom=headroom)

@@ -116,4 +116,4 @@ class PieceReader:
             desc = self.chunks[key.chunk + e]
             assert desc is not None
             parts.append((key.chunk + e, desc, key.lo if e == 0 else 0, key.hi if e == 0 else len(desc)))
-        return load_piece(self.chunks.work_source, self._runner, parts, self._headroom)
+        return load_piece(self.chunks.work_source, self._runner, parts, self._headroom, self.chunks.quarantine)

@@ -21,7 +21,7 @@ import numpy as np
 
 from zephon_core.batch import Batch, Cursor
 from zephon_core.curriculum.work_source import WorkSource
-from zephon_core.lane.chunks import LaneChunks
+from zephon_core.lane.chunks import LaneChunks, LaneQuarantine
 from zephon_core.lane.docops import DocOpRunner
 from zephon_core.lane.feed import RowFeed
 from zephon_core.lane.fit import FitPacker
@@ -87,12 +87,14 @@ class LaneStream:
         delivered: int,
         reader: Executor | None = None,
         readahead: int = 1,
+        quarantine: LaneQuarantine | None = None,
     ) -> None:
         self.lane = lane
         self._batch = batch
         start = Position(cursor.chunk, cursor.document, cursor.token)
         packer = make_packer(pack)
-        pieces = PieceReader(LaneChunks(work_source, lane, canonical_replicas), runner, start, reader, readahead, packer.headroom)
+        chunks = LaneChunks(work_source, lane, canonical_replicas, quarantine)
+        pieces = PieceReader(chunks, runner, start, reader, readahead, packer.headroom)
         feed = RowFeed(lane, pieces, packer, start)
         self._rows = InOrder(feed, cursor) if shuffle is None else ShuffleWindow(feed, shuffle, cursor)
         self._produced = delivered

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -21,6 +21,7 @@ from zephon_core.pipeline.options import OPTION_NAMES, Identity, Options, defaul
 from zephon_core.pipeline.plan import Plan, render
 from zephon_core.pipeline.resume import Verdict, last_read_chunk, resume_verdict
 from zephon_core.pipeline.stats import PipelineStats, RunFigures, pipeline_stats, run_figures
+from zephon_core.pipeline.surgery import first_unread_chunk, lane_quarantines, quarantine_of
 
 
 class Pipeline:
@@ -50,6 +51,7 @@ class Pipeline:
         self._opts = _options or Options()
         self._identity = resolve_identity(self._opts)
         self._restored: dict[int, LaneState] | None = None
+        self._restored_all: dict[int, LaneState] | None = None  # every lane of the restored state
         self.surgery = Journal()  # steps skipped: from the restored state and skip_steps()
         self._run: RunFigures | None = None  # the lanes of the last merged or restored state, summed
         self._engine: Engine | None = None
@@ -153,14 +155,16 @@ class Pipeline:
             if self._engine is None:
                 ident = self._identity
                 self._engine = Engine(self._chain(), self.work_source, ident.lanes, ident.canonical_replicas,
-                                      self._opts, self._restored or {}, self.surgery.skipper())
+                                      self._opts, self._restored or {}, self.surgery.skipper(),
+                                      lane_quarantines(self.surgery, self.work_source, ident.lanes))
             return self._engine
 
     def engine_for(self, lanes: list[int], start: Mapping[int, LaneState]) -> Engine:
         """A fresh engine over ``lanes`` from ``start`` (live mode reassigns lanes at every step); the caller closes
         it."""
         C = self._identity.canonical_replicas
-        return Engine(self._chain(), self.work_source, lanes, C, self._opts, start, self.surgery.skipper())
+        return Engine(self._chain(), self.work_source, lanes, C, self._opts, start, self.surgery.skipper(),
+                      lane_quarantines(self.surgery, self.work_source, lanes))
 
     def skip_steps(self, first: int, last: int, batches_per_step: int) -> None:
         """Leave out the data of global steps ``first..last`` (from 1; ``batches_per_step`` batches each, on every
@@ -172,6 +176,18 @@ class Pipeline:
         self.surgery = self.surgery.with_skip(skip)
         if self._engine is not None:
             self._engine.skips = self.surgery.skipper()
+
+    def quarantine(self, documents: Sequence[tuple[str, int]]) -> None:
+        """Leave ``documents`` (source name, document number) out of every lane from the first chunk it has not
+        begun to read (``pipeline.surgery``): each keeps its slot as an empty document, so every other document
+        keeps its place. Before iterating, after ``restore`` of the merged state (every lane's position)."""
+        if self._engine is not None:
+            raise StateError("quarantine() must be called before the pipeline is iterated (after restore())")
+        C = self._identity.canonical_replicas
+        restored = self._restored_all or {}
+        starts = tuple(first_unread_chunk(lane, restored[lane].cursor, C, self.work_source, self._chain)
+                       if lane in restored else 0 for lane in range(C))
+        self.surgery = self.surgery.with_quarantine(quarantine_of(documents, self.work_source, starts))
 
     def close(self) -> None:
         """Stop background threads and pools; the pipeline cannot be iterated after."""
@@ -310,6 +326,7 @@ class Pipeline:
         _warn_if_uneven(ident, stacklevel=3)  # the adopted canonical_replicas may not divide this dp_degree
         self._identity = ident
         self._restored = {lane: lanes[lane] for lane in ident.lanes}
+        self._restored_all = lanes
         self.surgery = journal_of(state).union(self.surgery)
         self._run = run_figures(self.work_source, lanes)
 

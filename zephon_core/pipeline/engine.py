@@ -16,6 +16,7 @@ from zephon_core.checkpoint.state import LaneState
 from zephon_core.checkpoint.surgery import LaneSkips
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.lane.assignment import next_lane
+from zephon_core.lane.chunks import LaneQuarantine
 from zephon_core.lane.docops import DocOpRunner
 from zephon_core.lane.ops import BatchOp, DocOp, PackOp, ShuffleOp
 from zephon_core.lane.stream import CutRecord, LaneStream
@@ -150,7 +151,8 @@ class Engine:
     _END = object()
 
     def __init__(self, chain: OperatorChain, work_source: WorkSource, lanes: list[int], canonical_replicas: int,
-                 opts: Options, restored: Mapping[int, LaneState], skips: LaneSkips | None = None) -> None:
+                 opts: Options, restored: Mapping[int, LaneState], skips: LaneSkips | None = None,
+                 quarantines: Mapping[int, LaneQuarantine] | None = None) -> None:
         doc_ops, pack, shuffle, batch = chain
         self.skips = skips
         self.lanes = list(lanes)
@@ -160,7 +162,7 @@ class Engine:
         self._streams = {
             lane: LaneStream(
                 lane, canonical_replicas, work_source, self._runner, pack, shuffle, batch,
-                st.cursor, st.delivered, self._reader, opts.readahead,
+                st.cursor, st.delivered, self._reader, opts.readahead, (quarantines or {}).get(lane),
             )
             for lane, st in start.items()
         }

@@ -2,7 +2,8 @@
 
 Built from a checkpoint state: every lane's batches up to the state's ``delivered`` count are cut again on
 one process (lane ``l``'s batch ``i`` is the same on every topology, so it is global step
-``i // (batches_per_step / C) + 1``), steps the state's surgery journal skipped left out. Each row of the
+``i // (batches_per_step / C) + 1``), with the state's surgery journal applied as the run applied it (skipped
+steps left out, quarantined documents left out from where they were). Each row of the
 ledger is one stretch of a packed row: ``step, lane, lane_index, rank, row, source, document, start, stop,
 hash``; ``rank`` is the data-parallel group that trained the batch on ``dp_degree`` groups, ``hash`` the
 document's content hash (the first 16 hex digits of a SHA-256 of the document as its source reads it).
@@ -129,8 +130,7 @@ def build_ledger(make: Callable[[], Pipeline], state: Mapping[str, Any], batches
     wanted = {lane: ls.delivered for lane, ls in lanes.items()}
     owed = sum(n - sum(1 for i in range(n) if skips is not None and i in skips) for n in wanted.values())
     pipeline = make()
-    for s in journal_of(state).skips:
-        pipeline.skip_steps(s.first, s.last, s.batches_per_lane * C)
+    pipeline.surgery = journal_of(state)  # the run's skips and quarantines, as its lanes applied them
     parts: list[np.ndarray] = []
     digests: dict[tuple[int, int], str] = {}
     with pipeline:
