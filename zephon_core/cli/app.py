@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from zephon_core.cli import (
+    blame,
     diff,
     explain,
     from_megatron,
@@ -29,7 +30,8 @@ from zephon_core.cli.errors import debug_option, run
 
 #: Every command, in the order ``zephon --help`` lists them: a module with ``register(sub)``, which adds
 #: its parser and sets ``fn`` to the function that runs it.
-COMMANDS = (explain, inspect, diff, verify_elastic, trace, report, index, init, from_megatron, skip, quarantine, ledger)
+COMMANDS = (explain, inspect, diff, verify_elastic, trace, report, index, init, from_megatron,
+            skip, quarantine, ledger, blame)
 
 
 def build_parser() -> argparse.ArgumentParser:

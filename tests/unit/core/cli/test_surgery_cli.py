@@ -39,6 +39,10 @@ def run_folder(tmp_path_factory):
     for f in logs.values():
         f.close()
     (out / "run" / "state.json").write_text(json.dumps(state))
+    losses = [(2, 693, 7.5, 100), (2, 12, 2.0, 50), (2, 693, 1.5, 100), (1, 12, 9.0, 10), (2, 40, 3.0, 20)]
+    (out / "run" / "losses-0.jsonl").write_text("".join(
+        json.dumps({"step": st, "source": "stdlib_docs.jsonl", "document": d, "loss": loss, "tokens": n}) + "\n"
+        for st, d, loss, n in losses))
     return out
 
 
@@ -67,7 +71,7 @@ def test_a_bad_skip_is_one_line_and_leaves_the_state_as_it_was(run_folder, tmp_p
     assert path.read_bytes() == original
 
 
-PAGE_COMMANDS = [c for c in documented() if c.where.startswith(PAGE) and " run/" in c.text]  # the rest are synopses
+PAGE_COMMANDS = [c for c in documented() if c.where.startswith(PAGE) and "run/" in c.text]  # the rest are synopses
 
 
 def test_the_documented_commands_run_as_written(run_folder, tmp_path):
@@ -82,5 +86,14 @@ def test_the_documented_commands_run_as_written(run_folder, tmp_path):
         r = subprocess.run(["bash", "-c", c.text], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, f"{c.where}: `{c.text}` failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
         outputs.append(r.stdout)
-    assert "stdlib_docs.jsonl#693 (" in "".join(outputs) and "every batch agrees" in outputs[-1]
+    assert "stdlib_docs.jsonl#693 (" in "".join(outputs) and "every batch agrees" in outputs[-2]
+    ranked = [line.split()[-1] for line in outputs[-1].splitlines()[1:]]  # zephon blame: token-weighted means
+    assert ranked == ["stdlib_docs.jsonl#693", "stdlib_docs.jsonl#40", "stdlib_docs.jsonl#12"]
     assert (tmp_path / "run" / "ledger.parquet").stat().st_size > 0
+
+
+def test_blame_refuses_a_line_that_is_not_a_loss_line(tmp_path):
+    good = '{"step": 1, "source": "m", "document": 3, "loss": 1.0, "tokens": 5}'
+    (tmp_path / "l.jsonl").write_text(good + '\n{"step": 1}\n')
+    r = zephon("blame", "--step", "1", "--losses", str(tmp_path / "l.jsonl"))
+    assert r.returncode == 1 and "l.jsonl line 2: not a loss line" in r.stderr
