@@ -6,19 +6,17 @@ import argparse
 import glob
 from typing import Any
 
-from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.cli.options import add_shape_options, load, pipeline
 from zephon_core.errors import CliError
 from zephon_core.integration.batch_log import read_batch_log
-from zephon_core.integration.state_readers import load_state
+from zephon_core.integration.state_readers import load_checked_state
 
 
 def run(a: argparse.Namespace) -> int:
     from zephon_core.verify.ledger import build_ledger
 
     recipe = load(a.recipe)
-    state = load_state(a.state)
-    parse_lanes(state)  # a malformed state is named before the recipe's pipeline is built
+    state = load_checked_state(a.state)
     C = int(state["canonical_replicas"])
     B = a.batches_per_step or C
     ledger = build_ledger(lambda: pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0),

@@ -11,11 +11,10 @@ import argparse
 import json
 from typing import Any
 
-from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.cli.options import add_shape_options, load, pipeline
 from zephon_core.errors import CliError
-from zephon_core.integration.state_readers import load_state
-from zephon_core.sources.atomic import write_atomically
+from zephon_core.integration.state_readers import load_checked_state
+from zephon_core.io.atomic import write_atomically
 
 
 def parse_document(text: str) -> tuple[str, int]:
@@ -34,8 +33,7 @@ def run(a: argparse.Namespace) -> int:
         raise CliError(f"--state {a.state}: zephon quarantine edits a state's .json file")
     documents = [parse_document(d) for d in a.document]
     recipe = load(a.recipe)
-    state = load_state(a.state)
-    parse_lanes(state)  # a malformed state is named before the recipe's pipeline is built
+    state = load_checked_state(a.state)
     C = int(state["canonical_replicas"])
     with pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0) as p:
         new = quarantined_state(p, state, documents)

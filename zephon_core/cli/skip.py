@@ -14,8 +14,8 @@ from typing import Any
 from zephon_core.checkpoint.state import parse_lanes, skip_in_state
 from zephon_core.checkpoint.surgery import journal_of
 from zephon_core.errors import CliError
-from zephon_core.integration.state_readers import load_state
-from zephon_core.sources.atomic import write_atomically
+from zephon_core.integration.state_readers import load_checked_state
+from zephon_core.io.atomic import write_atomically
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -33,7 +33,7 @@ def run(a: argparse.Namespace) -> int:
     if not a.state.endswith(".json"):
         raise CliError(f"--state {a.state}: zephon skip edits a state's .json file; for a framework checkpoint, "
                        "use the adapter's skip setting (docs/when_a_run_goes_wrong.md)")
-    state = load_state(a.state)
+    state = load_checked_state(a.state)
     lanes = parse_lanes(state)
     if a.steps is not None:
         first, last = parse_steps(a.steps)

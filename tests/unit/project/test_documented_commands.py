@@ -29,8 +29,9 @@ RULES: list[tuple[str, str, str]] = [
     (r"^bash scripts/test\.sh$", "exempt", "CI runs it (.ci/run); its selection and signal handling: tests/unit/project/test_test_script.py"),
     (r"^bash scripts/lint\.sh$", "exempt", "the first stage of scripts/test.sh"),
     (r"^bash bench/run\.sh", "exempt", "benchmarks take minutes each; docs/performance.md records their output and the command"),
-    (r"\$ZEPHON_PY bench/(goals/[a-z0-9_]+/)?(curriculum|aggregate_scale|cases|run|packing|mixing_lag|source_loss|ledger)"
-     r"\.py", "exempt", "benchmarks take minutes each; docs/performance.md (mixing_lag: docs/mixing.md; ledger: "
+    (r"\$ZEPHON_PY bench/(goals/[a-z0-9_]+/)?"
+     r"(curriculum|aggregate_scale|cases|run|packing|mixing_lag|source_loss|ledger)\.py", "exempt",
+     "benchmarks take minutes each; docs/performance.md (mixing_lag: docs/mixing.md; ledger: "
      "docs/when_a_run_goes_wrong.md) records output and command"),
     (r"^ZEPHON_SOAK=1 ", "exempt", "the long soak, run by hand (docs/reliability.md records its result)"),
     (r"^PYTHONPATH=\S+ \$ZEPHON_PY -m pytest tests/reliability -q", "exempt", "the suite runs tests/reliability itself"),
