@@ -13,7 +13,8 @@ layer's page pool (``byte_access.open_bytes``), not a copy of the whole shard: w
 rank fetches only the batches of the documents it is given, where a whole-shard copy would fetch
 every shard it touches (``save_to_disk`` writes 500 MB shards) before its first document.
 ``Access(local_copy=True)`` copies whole shards instead. Without a manifest, indexing an object
-takes one pass over it (a stream has no footer), as a JSONL file's index does.
+takes one pass over it (a stream has no footer), and the index is kept in the index cache under the
+file's version, as a JSONL file's index is (``indexed_file.IndexedFile``).
 
 Nothing is unpickled: the text column must be an Arrow string column, and pyarrow reads a
 pickled extension type as its storage bytes. The message index is parsed by ``arrow_ipc``.
@@ -34,13 +35,10 @@ from fsspec.core import url_to_fs
 
 from zephon_core.arrays import distinct
 from zephon_core.errors import DataError
-from zephon_core.io.byte_access import file_sample, open_bytes
-from zephon_core.io.files import DEFAULT_ACCESS, Access, FileStat
-from zephon_core.io.fs import default_name, open_fs, shown
+from zephon_core.io.files import Access, FileStat
 from zephon_core.io.remote import LocalBytes, ScanStream
 from zephon_core.sources.arrow_ipc import INDEX_KEYS, damage, plausible, read_schema, scan_messages
-from zephon_core.sources.base import Source
-from zephon_core.sources.manifest import ShardMeta
+from zephon_core.sources.indexed_file import IndexedFile
 from zephon_core.sources.registry import register_format
 from zephon_core.sources.sharded import TextShardedSource
 
@@ -54,36 +52,40 @@ STATE, DATASET_DICT = "state.json", "dataset_dict.json"  # what datasets' save_t
 _SAVED_NAME = re.compile(r"data-\d{5}-of-(\d{5})\.arrow")
 
 
-class ArrowFile(Source):
-    """The rows of one Arrow IPC file (stream or file format); a document is the ``text_field`` column's string."""
+class ArrowFile(IndexedFile):
+    """The rows of one Arrow IPC file (stream or file format); a document is the ``text_field`` column's string.
 
-    def __init__(self, path: str, text_field: str = "text", *, name: str | None = None, storage_options: dict[str, Any] | None = None,
-                 access: Access = DEFAULT_ACCESS, known: ShardMeta | None = None, index: dict[str, np.ndarray] | None = None,
-                 stat: FileStat | None = None, allow_empty: bool = False) -> None:
+    Its index is the message index (``arrow_ipc.INDEX_KEYS``: a span per record batch, not per document),
+    from a manifest, the index cache or one scan; the rows are read from a record batch at a time.
+    """
+
+    kind = "arrow"
+
+    def __init__(self, path: str, text_field: str = "text", **where: Any) -> None:
+        self.text_field = text_field
+        super().__init__(path, **where)
+
+    def options(self) -> dict[str, Any]:
+        return {"text_field": self.text_field}
+
+    def _open(self, access: Access, index: dict[str, np.ndarray] | None, stat: FileStat | None,
+              whole: bytes | None) -> None:
         import pyarrow as pa
 
-        self.path = shown(str(path))  # what its messages name (a many-file source opens local files by URL)
-        self.text_field = text_field
-        self.name = name or default_name(self.path)
-        fs, fspath = open_fs(self.path, storage_options)
-        sample, whole = file_sample(fs, fspath, stat, access, known)
-        self._fingerprint = {"kind": ArrowSource.kind, "text_field": text_field, **sample}
-        self._bytes = open_bytes(fs, fspath, int(sample["size"]), str(sample["sample_blake2b"]), access, stat)
         self._map: pa.Buffer | None = None
         if isinstance(self._bytes, LocalBytes):  # a local file or a shard-cache copy: its batches are slices of the map
             with pa.memory_map(self._bytes.path) as mapped:
                 self._map = mapped.read_buffer()  # the mapping outlives the closed file: no descriptor per shard
-        size = int(sample["size"])
-        arrays = index if index is not None and plausible(index, size) else self._scan(size, whole)
-        self._index = arrays
-        self._schema = read_schema(self._span(*arrays["schema"].tolist()), text_field, self.path,
+        super()._open(access, index, stat, whole)
+        self._schema = read_schema(self._span(*self._index["schema"].tolist()), self.text_field, self.path,
                                    "the schema message (rebuild the manifest: zephon index)")
-        self._column = int(self._schema.get_field_index(text_field))
-        self._starts = np.concatenate([[0], np.cumsum(arrays["rows"])]).astype(np.int64)
+        self._column = int(self._schema.get_field_index(self.text_field))
+        self._starts = np.concatenate([[0], np.cumsum(self._index["rows"])]).astype(np.int64)
         self._lock = threading.Lock()
         self._batches: OrderedDict[int, pa.Array] = OrderedDict()
-        if not allow_empty:
-            self._require_nonempty(self.path)
+
+    def _plausible(self, arrays: dict[str, np.ndarray]) -> bool:
+        return plausible(arrays, int(self._fingerprint["size"]))
 
     def _span(self, start: int, length: int) -> pa.Buffer:
         import pyarrow as pa
@@ -93,10 +95,11 @@ class ArrowFile(Source):
         (data,) = self._bytes.read_many([(start, length)])  # verified, retried, through the page pool
         return pa.py_buffer(data)
 
-    def _scan(self, size: int, whole: bytes | None) -> dict[str, np.ndarray]:
+    def _build_index(self, whole: bytes | None = None) -> dict[str, np.ndarray]:
         """Index the file's messages: from the map, from the bytes fetched whole, or in one pass over the object."""
         import pyarrow as pa
 
+        size = int(self._fingerprint["size"])
         data = self._map if self._map is not None else pa.py_buffer(whole) if whole is not None else None
 
         def part(start: int, length: int) -> bytes:
@@ -120,13 +123,12 @@ class ArrowFile(Source):
             stream.read(_STREAM_AT[is_file])
         return scan_messages(stream, end, self.text_field, self.path)
 
-    @property
-    def index_arrays(self) -> dict[str, np.ndarray]:
-        """The message index (what a manifest stores next to the data)."""
-        return dict(self._index)
-
     def __len__(self) -> int:
         return int(self._starts[-1])
+
+    def byte_lengths(self) -> np.ndarray | None:
+        """None: a document's bytes are not stored apart (the index spans record batches of many rows)."""
+        return None
 
     def _batch(self, b: int) -> pa.Array:
         with self._lock:
@@ -184,9 +186,6 @@ class ArrowFile(Source):
             j = values.index(None)
             raise DataError(f"{self.path}: record {int(idx[j])} (record batch {b}): field {self.text_field!r} is null")
         return values
-
-    def fingerprint(self) -> dict[str, Any]:
-        return dict(self._fingerprint)
 
 
 def saved_split(path: str | Sequence[str], storage_options: dict[str, Any] | None) -> tuple[str | Sequence[str], list[str] | None]:

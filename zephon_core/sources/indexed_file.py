@@ -121,8 +121,8 @@ class IndexedFile(StoredFile):
     def __len__(self) -> int:
         return len(self._index["starts"])
 
-    def byte_lengths(self) -> np.ndarray:
-        """Stored bytes of every document."""
+    def byte_lengths(self) -> np.ndarray | None:
+        """Stored bytes of every document (a format whose index spans more than one document has none)."""
         return self._index["lengths"]
 
     def _spans(self, indices: Any) -> list[bytes]:

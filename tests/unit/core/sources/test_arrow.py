@@ -121,9 +121,10 @@ def test_zephon_index_writes_a_manifest_that_start_up_uses_without_opening_a_dat
     assert "12 files, 120 documents" in capsys.readouterr().out
     assert (tmp_path / "ds" / manifest.MANIFEST).exists() and len(list((tmp_path / "ds" / manifest.INDEX_DIR).glob("*.npz"))) == 12
     opened, scanned = [], []
-    original_init, original_scan = ArrowFile.__init__, ArrowFile._scan
+    original_init, original_scan = ArrowFile.__init__, ArrowFile._build_index
     monkeypatch.setattr(ArrowFile, "__init__", lambda self, *a, **k: opened.append(a[0]) or original_init(self, *a, **k))
-    monkeypatch.setattr(ArrowFile, "_scan", lambda self, *a: scanned.append(self.path) or original_scan(self, *a))
+    monkeypatch.setattr(ArrowFile, "_build_index",
+                        lambda self, *a: scanned.append(self.path) or original_scan(self, *a))
     src = ArrowSource(str(tmp_path / "ds"))
     assert opened == [] and len(src) == 120, "start-up from a manifest opens no data file"
     assert src.read([119, 5]) == [texts[119], texts[5]] and len(opened) == 2 and scanned == [], "the index is the manifest's"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from zephon_core.io.files import Access, FileStat
+from zephon_core.sources.arrow import ArrowFile
 from zephon_core.sources.indexed_file import IndexedFile
 from zephon_core.sources.jsonl import JsonlFile
 from zephon_core.sources.webdataset import WebDatasetFile
@@ -34,15 +35,25 @@ def _tar(path: Path) -> Path:
     return path
 
 
+def _arrow(path: Path) -> Path:
+    import pyarrow as pa
+
+    table = pa.table({"text": TEXTS})
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=2)  # two record batches
+    return path
+
+
 FORMATS = [pytest.param(JsonlFile, _jsonl, "a.jsonl", id="jsonl"),
-           pytest.param(WebDatasetFile, _tar, "a.tar", id="webdataset")]
+           pytest.param(WebDatasetFile, _tar, "a.tar", id="webdataset"),
+           pytest.param(ArrowFile, _arrow, "a.arrow", id="arrow")]
 
 
 @pytest.fixture
 def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The files whose index was built by a scan (not taken from the cache), in order."""
     seen: list[str] = []
-    for cls in (JsonlFile, WebDatasetFile):
+    for cls in (JsonlFile, WebDatasetFile, ArrowFile):
         original = cls._build_index
 
         def counted(self: IndexedFile, *whole: Any, _original: Any = original) -> Any:
