@@ -4,7 +4,9 @@
 sample (from a manifest entry, a small object fetched whole, or the file's ends) and the byte
 access (``byte_access.open_bytes``: local, object store, decompressed or copied into the shard
 cache). A format supplies its fingerprint options, its compression rule and ``_open`` (what it
-reads of a file at start-up: Parquet its footer). ``IndexedFile``, for a format whose documents
+reads of a file at start-up: Parquet its footer, an MDS shard its header); a format whose own
+manifest states each file (MDS's ``index.json``) also gives its fingerprint sample (``_sample``)
+and picks the stored file it reads (``_open_bytes``). ``IndexedFile``, for a format whose documents
 are byte ranges found by one scan, adds the versioned index cache and the index arrays: such a
 format supplies its scan (``_build_index``), what makes an index plausible for a file, and its reads.
 
@@ -41,10 +43,9 @@ class StoredFile(Source):
         self.path = shown(str(path))  # what its messages name (a many-file source opens local files by URL)
         self.name = name or default_name(self.path)
         self._fs, self._fspath = open_fs(self.path, storage_options)
-        sample, whole = file_sample(self._fs, self._fspath, stat, access, known)
+        sample, whole = self._sample(access, stat, known)
         self._fingerprint: dict[str, Any] = {"kind": self.kind, **self.options(), **sample}
-        self._bytes: ByteReader = open_bytes(self._fs, self._fspath, int(sample["size"]), str(sample["sample_blake2b"]),
-                                             access, stat, self.compression(self._fspath))
+        self._bytes: ByteReader = self._open_bytes(access, stat, sample)
         self._open(access, index, stat, whole)
         if not allow_empty:
             self._require_nonempty(self.path)
@@ -57,6 +58,19 @@ class StoredFile(Source):
     def compression(self, fspath: str) -> str | None:
         """The compression a file's name says (``byte_access.COMPRESSIONS``)."""
         return compression_of(fspath)
+
+    def _sample(self, access: Access, stat: FileStat | None,
+                known: ShardMeta | None) -> tuple[dict[str, Any], bytes | None]:
+        """The fingerprint sample (``size``, ``sample_blake2b``) and the file's bytes where a small object was
+        fetched whole: ``byte_access.file_sample``. A format whose data states its files itself (MDS's
+        ``index.json``) answers from that statement instead."""
+        return file_sample(self._fs, self._fspath, stat, access, known)
+
+    def _open_bytes(self, access: Access, stat: FileStat | None, sample: dict[str, Any]) -> ByteReader:
+        """The file's bytes, decompressed as ``compression`` says. A format whose data names more than one
+        file for a document set (MDS: a compressed shard and its raw twin) picks the file to read here."""
+        return open_bytes(self._fs, self._fspath, int(sample["size"]), str(sample["sample_blake2b"]), access, stat,
+                          self.compression(self._fspath))
 
     def _open(self, access: Access, index: dict[str, np.ndarray] | None, stat: FileStat | None,
               whole: bytes | None) -> None:

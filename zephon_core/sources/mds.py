@@ -29,11 +29,11 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from zephon_core.errors import DataError
-from zephon_core.io.byte_access import ByteReader, open_bytes, whole_object
+from zephon_core.io.byte_access import whole_object
 from zephon_core.io.files import Access, FileSet, FileStat
-from zephon_core.io.fs import default_name, is_local
+from zephon_core.io.fs import default_name, is_local, shown
 from zephon_core.sources.manifest import ShardMeta
-from zephon_core.sources.mds_shard import INT_CODES, Column, MdsShard, RawCheck, ShardSpec
+from zephon_core.sources.mds_shard import INT_CODES, Column, MdsShard, ShardSpec, shard_where
 from zephon_core.sources.registry import SourceArgs, register_format
 from zephon_core.sources.sharded import FlatShardedSource, ShardedSource, file_set_fingerprint
 
@@ -226,29 +226,12 @@ class MdsSource(ShardedSource):
     def open_file(self, url: str, meta: ShardMeta | None, single: bool, stat: FileStat | None = None) -> MdsShard:
         assert meta is not None  # every shard has its entry from index.json
         spec = self._shards[meta.name]
-        where = f"{display(self.files.fs, spec.zip_path or spec.raw_path)} (shard {spec.number} of {spec.index_url})"
         try:
-            reader, shown = self._reader(spec, where)
-            return MdsShard(spec, reader, shown, meta.name)
+            return MdsShard(spec, url, name=meta.name, storage_options=self.storage_options, access=self.access,
+                            allow_empty=True)
         except FileNotFoundError:
-            raise DataError(f"{where}: no such file, but index.json lists it; copy the whole dataset folder") from None
-
-    def _reader(self, spec: ShardSpec, where: str) -> tuple[ByteReader, str]:
-        """The shard's uncompressed bytes and the URL of the file they come from."""
-        fs, access = self.files.fs, self.access
-        local = is_local(fs)
-        if spec.zip_path is None or (local and os.path.isfile(spec.raw_path) and os.path.getsize(spec.raw_path) == spec.raw_bytes):
-            # Plain, or a folder Streaming itself decompressed into (it keeps the raw shard beside the zip).
-            check = None if local else (lambda: RawCheck(spec, where))
-            return open_bytes(fs, spec.raw_path, spec.raw_bytes, spec.digest, access, verify=check), display(fs, spec.raw_path)
-        assert spec.zip_bytes is not None
-        try:
-            reader = open_bytes(fs, spec.zip_path, spec.zip_bytes, spec.digest, access, compression=spec.compression,
-                                verify=lambda: RawCheck(spec, where))
-        except DataError as e:  # the byte layer names the file by its URL; name the shard too
-            msg = str(e)
-            raise DataError(msg if msg.startswith(where) else f"{where}: {msg.removeprefix(str(fs.unstrip_protocol(spec.zip_path)) + ': ')}") from None
-        return reader, display(fs, spec.zip_path)
+            raise DataError(f"{shard_where(shown(url), spec)}: no such file, but index.json lists it; "
+                            "copy the whole dataset folder") from None
 
 
 @register_format

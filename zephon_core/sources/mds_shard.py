@@ -6,15 +6,16 @@ for every variable-size column, in column order, then every column's bytes, in c
 A column is decoded here only as text (encoding ``str``: UTF-8) or as a 1-D integer token array
 (encodings ``ndarray``, ``ndarray:DTYPE`` and ``ndarray:DTYPE:N``); the format's ``ndarray``
 header is a dtype code byte (plain ``ndarray``), then, when the shape is not in the encoding, a
-byte ``ndim << 2 | w`` and the shape in ``2**w``-byte unsigned integers. A shard is read through
-``byte_access.open_bytes`` (a compressed one is decompressed once per node into the shard cache),
-its header once, when it is first used; every problem is a one-line ``DataError`` naming the file,
-the shard, and the sample where there is one.
+byte ``ndim << 2 | w`` and the shape in ``2**w``-byte unsigned integers. A shard is an
+``indexed_file.StoredFile``, read through ``byte_access.open_bytes`` (a compressed one is decompressed
+once per node into the shard cache), its header once, when it is first used; every problem is a one-line
+``DataError`` naming the file, the shard, and the sample where there is one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +23,11 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import DataError
-from zephon_core.io.byte_access import ByteReader
-from zephon_core.sources.base import Source
+from zephon_core.io.byte_access import ByteReader, open_bytes
+from zephon_core.io.files import Access, FileStat
+from zephon_core.io.fs import is_local, shown
+from zephon_core.sources.indexed_file import StoredFile
+from zephon_core.sources.manifest import ShardMeta
 
 #: ``ndarray`` value dtype codes (streaming's MDS format) that are integers: the ones a token document may have.
 INT_CODES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 32: "uint32", 33: "int32", 64: "uint64", 65: "int64"}
@@ -97,13 +101,58 @@ def _hasher(recorded: dict[str, str]) -> tuple[str, Any]:
     return "", None
 
 
-class MdsShard(Source):
-    """The documents of one MDS shard: its ``column``'s text or tokens, sample by sample."""
+def shard_where(url: str, spec: ShardSpec) -> str:
+    """How a message names a shard: the file read, its number and its ``index.json``."""
+    return f"{url} (shard {spec.number} of {spec.index_url})"
 
-    def __init__(self, spec: ShardSpec, reader: ByteReader, url: str, name: str) -> None:
-        self.spec, self.name, self._bytes = spec, name, reader
-        self.where = f"{url} (shard {spec.number} of {spec.index_url})"
-        n = spec.samples
+
+class MdsShard(StoredFile):
+    """The documents of one MDS shard: its ``column``'s text or tokens, sample by sample.
+
+    ``path`` is the file ``index.json`` lists (the compressed one where there is one). ``index.json`` is
+    the shard's manifest: it gives the fingerprint sample (its entry's digest, the uncompressed size) and
+    the sample count, and the shard's own header its offsets, so a shard has no index to scan or cache.
+    """
+
+    kind = "mds_shard"
+
+    def __init__(self, spec: ShardSpec, path: str, **where: Any) -> None:
+        self.spec = spec
+        self.where = shard_where(shown(str(path)), spec)
+        super().__init__(path, **where)
+
+    def options(self) -> dict[str, Any]:
+        return {"column": self.spec.column.name}
+
+    def _sample(self, access: Access, stat: FileStat | None,
+                known: ShardMeta | None) -> tuple[dict[str, Any], bytes | None]:
+        return {"size": self.spec.raw_bytes, "sample_blake2b": self.spec.digest}, None
+
+    def _open_bytes(self, access: Access, stat: FileStat | None, sample: dict[str, Any]) -> ByteReader:
+        """The shard's uncompressed bytes: the raw file, or the compressed one decompressed into the shard cache,
+        checked against ``index.json`` (``RawCheck``) as it is made."""
+        fs, spec, listed = self._fs, self.spec, self.where
+        local = is_local(fs)
+        raw_beside = local and os.path.isfile(spec.raw_path) and os.path.getsize(spec.raw_path) == spec.raw_bytes
+        if spec.zip_path is None or raw_beside:
+            # Plain, or a folder Streaming itself decompressed into (it keeps the raw shard beside the zip).
+            self.where = shard_where(shown(str(fs.unstrip_protocol(spec.raw_path))), spec)
+            check = None if local else (lambda: RawCheck(spec, listed))
+            return open_bytes(fs, spec.raw_path, spec.raw_bytes, spec.digest, access, verify=check)
+        assert spec.zip_bytes is not None
+        try:
+            return open_bytes(fs, spec.zip_path, spec.zip_bytes, spec.digest, access, compression=spec.compression,
+                              verify=lambda: RawCheck(spec, listed))
+        except DataError as e:  # the byte layer names the file by its URL; name the shard too
+            msg = str(e)
+            if not msg.startswith(listed):
+                msg = f"{listed}: {msg.removeprefix(str(fs.unstrip_protocol(spec.zip_path)) + ': ')}"
+            raise DataError(msg) from None
+
+    def _open(self, access: Access, index: dict[str, np.ndarray] | None, stat: FileStat | None,
+              whole: bytes | None) -> None:
+        """The shard's header: its sample count (checked against ``index.json``) and offsets."""
+        reader, n = self._bytes, self.spec.samples
         head_end = 4 * (n + 2)
         if reader.size < head_end:
             raise DataError(f"{self.where}: {reader.size} bytes, too short for the header of its {n} samples: truncated")
@@ -134,9 +183,6 @@ class MdsShard(Source):
 
     def __len__(self) -> int:
         return self.spec.samples
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {"kind": "mds_shard", "column": self.spec.column.name, "size": self._bytes.size, "sample_blake2b": self.spec.digest}
 
     def byte_lengths(self) -> np.ndarray:
         """Bytes of every sample (all its columns, as stored)."""

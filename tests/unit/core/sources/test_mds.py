@@ -96,7 +96,8 @@ def test_start_up_reads_index_json_alone_and_a_read_opens_only_its_shard(tmp_pat
     folder = write_mds(tmp_path / "ds", rows(90))
     opened: list[int] = []
     original = MdsShard.__init__
-    monkeypatch.setattr(MdsShard, "__init__", lambda self, spec, *a: opened.append(spec.number) or original(self, spec, *a))
+    monkeypatch.setattr(MdsShard, "__init__",
+                        lambda self, spec, *a, **k: opened.append(spec.number) or original(self, spec, *a, **k))
     src = MdsSource(str(folder))
     assert opened == [] and len(src) == 90 and len(src.metas) == len(index_of(folder)["shards"])
     last = len(src.metas) - 1
@@ -166,7 +167,8 @@ def test_a_restore_is_a_seek_that_opens_only_the_shards_it_reads(tmp_path, monke
     expected = [next(it) for _ in range(3)]
     opened: list[int] = []
     original = MdsShard.__init__
-    monkeypatch.setattr(MdsShard, "__init__", lambda self, spec, *a: opened.append(spec.number) or original(self, spec, *a))
+    monkeypatch.setattr(MdsShard, "__init__",
+                        lambda self, spec, *a, **k: opened.append(spec.number) or original(self, spec, *a, **k))
     q = pipeline()
     q.restore(state)
     got = [b for b, _ in zip(q, range(3))]
