@@ -35,7 +35,7 @@ from zephon_core.io.fs import default_name, is_local, shown
 from zephon_core.sources.manifest import ShardMeta
 from zephon_core.sources.mds_shard import INT_CODES, Column, MdsShard, ShardSpec, shard_where
 from zephon_core.sources.registry import SourceArgs, register_format
-from zephon_core.sources.sharded import FlatShardedSource, ShardedSource, file_set_fingerprint
+from zephon_core.sources.sharded import FlatShardedSource, ShardedSource
 
 INDEX = "index.json"
 #: Streaming's compression families (``"zstd:7"``: zstd at level 7) and byte_access's names of them.
@@ -176,7 +176,8 @@ class MdsSource(ShardedSource):
     ``s3://...``) or its ``index.json``, a folder of datasets (streams) or a list of them.
 
     Start-up reads each ``index.json`` (one request per dataset) and no shard; ``index.json`` is
-    the manifest, so ``zephon index`` writes none. The fingerprint is what ``index.json`` says of
+    the manifest, so ``zephon index`` writes none and the files are set by ``ShardedSource._init_declared``
+    (not listed, as a ``TextShardedSource``'s are). The fingerprint is what ``index.json`` says of
     every shard (columns, sizes, sample count, compression, hashes) and the column read, never the path.
     """
 
@@ -202,13 +203,12 @@ class MdsSource(ShardedSource):
         root = datasets[0][0] if len(datasets) == 1 else posixpath.commonpath([d[0] for d in datasets])
         specs = [shard_spec(e, k, folder, url, self.column, self.text) for folder, url, entries in datasets for k, e in enumerate(entries)]
         stats = [FileStat(s.zip_path, s.zip_bytes) if s.zip_path and s.zip_bytes is not None else FileStat(s.raw_path, s.raw_bytes) for s in specs]
-        self.files = FileSet(fs, root, tuple(stats), expanded=True, listed=False)
-        self.metas = [ShardMeta(self.files.name(st), st.size, s.samples, s.digest) for st, s in zip(stats, specs)]
-        self._shards = {m.name: s for m, s in zip(self.metas, specs)}
-        encoding = specs[0].column.encoding if specs else None
-        self._fingerprint = {"kind": self.kind, "column": self.column, "encoding": encoding, **file_set_fingerprint(self.metas)}
-        self.name = name or default_name(str(fs.unstrip_protocol(root)))
-        self._init_shards(paths[0] if len(paths) == 1 else f"{len(datasets)} MDS datasets under {display(fs, root)}")
+        files = FileSet(fs, root, tuple(stats), expanded=True, listed=False)
+        metas = [ShardMeta(files.name(st), st.size, s.samples, s.digest) for st, s in zip(stats, specs)]
+        self._shards = {m.name: s for m, s in zip(metas, specs)}
+        where = paths[0] if len(paths) == 1 else f"{len(datasets)} MDS datasets under {display(fs, root)}"
+        self._init_declared(files, metas, name or default_name(str(fs.unstrip_protocol(root))), where,
+                            encoding=specs[0].column.encoding if specs else None)
 
     @classmethod
     def from_args(cls, args: SourceArgs) -> MdsSource:

@@ -21,7 +21,7 @@ import numpy as np
 
 from zephon_core.arrays import distinct, read_flat_grouped
 from zephon_core.errors import DataError
-from zephon_core.io.files import DEFAULT_ACCESS, Access, FileStat, list_files
+from zephon_core.io.files import DEFAULT_ACCESS, Access, FileSet, FileStat, list_files
 from zephon_core.io.fs import default_name
 from zephon_core.sources import manifest
 from zephon_core.sources.base import Source
@@ -132,9 +132,22 @@ class ShardedSource(FileSource):
                 scanned = scan_in_parallel(total, scan, report)
                 metas, opened = [m for m, _ in scanned], [s for _, s in scanned]
             self.metas = metas
-            self._fingerprint = {"kind": self.kind, **self.manifest_options(), **file_set_fingerprint(metas)}
+            self._fingerprint = self._file_set_fingerprint()
             self.name = name or default_name(files.root or where)
         self._init_shards(where, opened)
+
+    def _init_declared(self, files: FileSet, metas: list[ShardMeta], name: str, where: str, **stated: Any) -> None:
+        """What ``_init_files`` sets, for a format whose data lists its own files with their document counts
+        (MDS's ``index.json``): no listing, no Zephon manifest and no file opened at start-up, and the
+        fingerprint by the many-file rule, with what the data states of itself (``stated``: MDS's column
+        encoding) after the format's settings."""
+        self.files, self.metas, self.name = files, metas, name
+        self._fingerprint = self._file_set_fingerprint(**stated)
+        self._init_shards(where)
+
+    def _file_set_fingerprint(self, **stated: Any) -> dict[str, Any]:
+        """A many-file source's fingerprint: its kind, its settings, ``stated`` and its files' digests."""
+        return {"kind": self.kind, **self.manifest_options(), **stated, **file_set_fingerprint(self.metas)}
 
     def _init_shards(self, where: str, opened: list[Source | None] | None = None) -> None:
         """What reading needs once ``files``, ``metas``, the fingerprint and the name are set: the files
