@@ -1,6 +1,6 @@
 """What the per-source training loss costs per training step (issue #34), against a CPU training step.
 
-    python bench/source_loss.py [--repeats N] [--no-launch] [--out FILE.json]
+    $ZEPHON_PY bench/goals/p12_mixing/source_loss.py [--repeats N] [--no-launch] [--out FILE.json]
 
 The step is the e2e test's (tests/e2e/test_source_loss_e2e.py): TorchTitan 0.3's llama3 debug model at
 dp=2 on CPU, 8 rows of 128 tokens per step (2 batches of 2 rows per rank), ``ChunkedLossWrapper`` with 8
@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "integrations" / "torchtitan"), str(Path(__file__).resolve().parent)]
+ROOT = Path(__file__).resolve().parents[3]
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "integrations" / "torchtitan"), str(ROOT / "bench")]
 
 from measure import emit  # noqa: E402
 
