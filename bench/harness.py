@@ -61,8 +61,10 @@ class Runner:
                    PYTHONWARNINGS="ignore")
         # bench/ for a goal's own scripts (bench/goals/<goal>/), which import the shared modules (corpus, measure)
         # by name; in the project venv also zephon_core and zephon_dev (the S3 server and fault proxy, fsops,
-        # torchft drills) from this checkout. The one place bench/ reaches them, so no bench module edits sys.path.
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(BENCH)] if venv == "project" else [str(BENCH)])
+        # torchft drills) from this checkout, and scripts/ (torchtitan_cpu, the CPU launches P12 times). The one
+        # place bench/ reaches them, so no bench module edits sys.path.
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(BENCH), str(ROOT / "scripts")] if venv == "project"
+                                            else [str(BENCH)])
         return env
 
     def case(self, venv: str, case: str, args: dict, timeout: float = 300.0, label: str = "") -> dict:

@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
+
+from measure import emit  # the Runner (bench/harness.py) puts bench/ on PYTHONPATH
 
 from zephon_core.curriculum.controllers import ScheduleController
 from zephon_core.pipeline.mixing import Mixing, MixingLoader
 from zephon_core.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "bench"))
-
-from measure import emit  # noqa: E402
 
 LANES = 8
 

@@ -25,7 +25,6 @@ import argparse
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,11 +32,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from measure import emit  # the Runner (bench/harness.py) puts bench/ and scripts/ on PYTHONPATH
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "integrations" / "torchtitan"), str(ROOT / "bench")]
 
-from measure import emit  # noqa: E402
 
 BATCHES_PER_STEP, CHUNKS, ROWS, SEQ = 2, 8, 2, 128
 STEPS = 6
