@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import replace
 
 import pytest
+from support.mixing_journals import check_resumed_journal, steered_recipe
 
 from zephon_core.pipeline.mixing import replay
 
@@ -33,15 +33,7 @@ def runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("tt-mixing")
     token_corpora(root)
-    sources = "".join(f'[[sources]]\nname = "{n}"\npath = "{n}.npy"\nformat = "token_array"\n'
-                      f'offsets = "{n}_offsets.npy"\nweight = 1.0\n\n' for n in NAMES)
-    (root / "decisions.toml").write_text("".join(
-        f"[[decisions]]\nstep = {s}\nweights = {{ {', '.join(f'{n} = {w}' for n, w in zip(NAMES, ws))} }}\n\n"
-        for s, ws in SCHEDULE.items()))
-    recipe = root / "steered.toml"
-    recipe.write_text(f"seed = 11\nchunk_size = 4\ncanonical_replicas = {C}\nglobal_batch_size = {GLOBAL_BATCH}\n\n"
-                      "[shuffle]\nwindow = 4\nseed = 2\n\n" + sources
-                      + '[mixing]\ncontroller = "schedule"\nschedule = "decisions.toml"\ninterval_steps = 1\n')
+    recipe = steered_recipe(root, NAMES, SCHEDULE, lanes=C, head=f"global_batch_size = {GLOBAL_BATCH}\n")
     opts = dict(steps=STEPS, metrics=True, source_loss=True, mixing=True, loader={"recipe": str(recipe)})
     a = launch("0.3", 2, root / "steered", **opts)
     b = launch("0.3", 1, root / "resumed", resume_from=root / "steered" / "checkpoint" / "step-4", **opts)
@@ -85,17 +77,7 @@ def test_a_steered_run_resumed_on_another_degree_trains_on_the_replay_of_its_jou
     final_a = read_dcp_state(str(dir_a / "checkpoint" / f"step-{STEPS}"))
     final_b = read_dcp_state(str(dir_b / "checkpoint" / f"step-{STEPS}"))
     journal, resumed_journal = (parse_definition(s["definition"]).journal for s in (final_a, final_b))
-    assert journal is not None and resumed_journal is not None
-    # The decisions up to the checkpoint are replayed whole; those after it are made again, the same but for the
-    # digest of their inputs and the losses they journal (figures): the resumed run computed them
-    # at dp=1, which differs from dp=2 in the last bits.
-    assert journal.decisions[:2] == resumed_journal.decisions[:2]
-    assert [replace(d, inputs="", figures={}) for d in journal.decisions] == \
-        [replace(d, inputs="", figures={}) for d in resumed_journal.decisions]
-    assert [d.step for d in journal.decisions] == sorted(SCHEDULE), "every scheduled change is a decision"
-    for d in journal.decisions:
-        total = sum(SCHEDULE[d.step])
-        assert [d.weights[n] for n in NAMES] == [w * DENOMINATOR // total for w in SCHEDULE[d.step]]
+    check_resumed_journal(journal, resumed_journal, SCHEDULE, NAMES, replayed=2)
     assert len(re.findall(r"zephon: mixing decision \d+ after step", a.log_text())) == len(SCHEDULE)
     assert len(re.findall(r"zephon: mixing decision \d+ after step", b.log_text())) == 2, "steps 5 and 6 only"
 

@@ -100,6 +100,18 @@ class LocalFigures:
     frontier: int
     delivered_tokens: tuple[int, ...]
 
+    def slots(self, ranks: int, rank: int) -> list[int]:
+        """These figures as the integers one all-reduce (SUM) over ``ranks`` ranks combines: the delivered tokens,
+        then each rank's frontier in its own slot, whose maximum is the MAX reduction (``from_slots``)."""
+        out = [*self.delivered_tokens] + [0] * ranks
+        out[len(self.delivered_tokens) + rank] = self.frontier
+        return out
+
+    @staticmethod
+    def from_slots(summed: Sequence[int], n_sources: int) -> LocalFigures:
+        """The figures of every rank from ``slots`` summed over them."""
+        return LocalFigures(max(summed[n_sources:]), tuple(summed[:n_sources]))
+
     @staticmethod
     def reduced(parts: Sequence[LocalFigures]) -> LocalFigures:
         """The figures of every data-parallel group combined, as the adapters' all-reduce does."""

@@ -51,6 +51,9 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
                                   help="Every --log-interval, the training loss per source (zephon/loss/<source>) in "
                                        "Megatron's TensorBoard and W&B writers and its console, on the last rank "
                                        "(the wheel entry zephon_megatron.pretrain_gpt only).")),
+    ("--zephon-mixing", dict(action="store_true", default=False,
+                             help="Steer the mixture by the recipe's [mixing] table with the per-source loss at every "
+                                  "--log-interval (docs/mixing.md); needs --zephon-source-loss.")),
     ("--dataloader-save", dict(type=str, default=None, metavar="DIR",
                                help="Folder for the per-iteration loader state (Megatron's maybe_save_dataloader_state); "
                                     "the state of the resumed iteration is read back from it.")),
@@ -155,6 +158,7 @@ class Settings:
     dataloader_save: str | None = None
     log_metrics: bool = False
     source_loss: bool = False
+    mixing: bool = False
 
     @classmethod
     def selected(cls, args: Any) -> Settings | None:
@@ -182,6 +186,7 @@ class Settings:
             dataloader_save=getattr(args, "dataloader_save", None) or None,
             log_metrics=bool(getattr(args, "zephon_log_metrics", False)),
             source_loss=bool(getattr(args, "zephon_source_loss", False)),
+            mixing=bool(getattr(args, "zephon_mixing", False)),
         )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from zephon_core import Batch, Pipeline
 from zephon_core.integration import Audited, LoggedBatch, audited
+from zephon_core.pipeline.mixing import MixingLoader
 from zephon_megatron import state as loader_state
 from zephon_megatron.batches import BatchFormat, to_megatron, to_torch
 from zephon_megatron.broadcast import MicroBatch
@@ -63,13 +64,15 @@ def _copy(mb: MicroBatch) -> MicroBatch:
 class TrainStream:
     """One loading rank's training micro-batches: one Pipeline, read by every model chunk that consumes data.
 
+    ``pipeline``: a ``MixingLoader`` under ``--zephon-mixing`` (``zephon_megatron.steering``).
     ``saves``: this rank's Pipeline takes part in checkpoints (tensor-parallel rank 0 of
     the first pipeline stage, context-parallel rank 0). Megatron asks every first-stage
     tensor-parallel rank 0 for ``save_state()``, context-parallel peers included; those
     return None, and Megatron then writes nothing for them.
     """
 
-    def __init__(self, pipeline: Pipeline, fmt: BatchFormat, counter: StepCounter, *, saves: bool) -> None:
+    def __init__(self, pipeline: Pipeline | MixingLoader, fmt: BatchFormat, counter: StepCounter, *,
+                 saves: bool) -> None:
         self.pipeline = pipeline
         self.fmt = fmt
         self.counter = counter
@@ -102,6 +105,11 @@ class TrainStream:
         self._buffer.append(micro_batch(b, self.fmt))
         self.produced += 1
         self.counter.count()
+
+    @property
+    def delivering(self) -> Pipeline:
+        """The Pipeline delivering now: under ``--zephon-mixing``, the one built for the last decision."""
+        return self.pipeline.pipeline if isinstance(self.pipeline, MixingLoader) else self.pipeline
 
     @property
     def iteration(self) -> int:

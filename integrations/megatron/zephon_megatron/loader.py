@@ -56,6 +56,7 @@ from zephon_core.integration import (
     startup_line,
     startup_plan,
 )
+from zephon_core.pipeline.mixing import Mixing, MixingLoader
 from zephon_megatron import state as loader_state
 from zephon_megatron.args import Settings
 from zephon_megatron.batches import BatchFormat
@@ -63,6 +64,7 @@ from zephon_megatron.iterators import TrainStream, ZephonTrainIterator, ZephonVa
 from zephon_megatron.metrics import MegatronMetrics, megatron_writers
 from zephon_megatron.schedule import BatchSchedule, StepCounter, Steps
 from zephon_megatron.source_loss import MegatronSourceLoss
+from zephon_megatron.steering import mixing_of
 from zephon_megatron.tokenizer import TokenizerAdapter, tokenizer_eod
 from zephon_megatron.validate import ZephonMegatronError, check_run
 
@@ -250,8 +252,9 @@ class RankLoader:
         if place.tp_rank == 0:
             self.tok, self.eod = _tokenizer(args, self.plan.recipe, settings)
         self.fmt = BatchFormat.from_args(args, self.eod)
+        mixing = mixing_of(settings, self.plan.recipe)  # refused here on every rank, not on the loading ones alone
         if place.loads:
-            self.stream = self._stream(schedule, resumed)
+            self.stream = self._stream(schedule, resumed, mixing)
         self.metrics = MegatronMetrics.set_up(args, self.stream) if settings.log_metrics else None
         self.source_loss = per_source_loss(args, self.plan.recipe) if settings.source_loss else None
 
@@ -268,11 +271,14 @@ class RankLoader:
             rank = dist.get_rank() if dist.is_initialized() else 0
             logging.getLogger("zephon_megatron").debug(lanes_line(rank, self.place.dp_rank, lanes))
 
-    def _stream(self, schedule: BatchSchedule, resumed: loader_state.LoaderState | None) -> TrainStream:
+    def _stream(self, schedule: BatchSchedule, resumed: loader_state.LoaderState | None,
+                mixing: Mixing | None) -> TrainStream:
         place, args, plan = self.place, self.args, self.plan
-        pipeline = plan.recipe.build(seq_len=args.seq_length, batch_size=args.micro_batch_size, tokenizer=self.tok,
-                                     bos_id=None, eos_id=self.eod if self.tok is not None else None,
-                                     global_batch_size=plan.stage_rows, **plan.options())
+        built = plan.recipe.build(seq_len=args.seq_length, batch_size=args.micro_batch_size, tokenizer=self.tok,
+                                  bos_id=None, eos_id=self.eod if self.tok is not None else None,
+                                  global_batch_size=plan.stage_rows, **plan.options())
+        # Under --zephon-mixing a resume replays the state's journal (MixingLoader.restore).
+        pipeline = MixingLoader(built, mixing) if mixing is not None else built
         if resumed is not None:
             pipeline.restore(resumed.state)
         counter = StepCounter(schedule, place.dp, iteration=int(getattr(args, "iteration", 0) or 0),
@@ -384,6 +390,12 @@ def current_source_loss() -> MegatronSourceLoss | None:
     """This rank's per-source loss (None: none, or ``--zephon-source-loss`` is off)."""
     loader: RankLoader | None = _CURRENT["loader"]
     return loader.source_loss if loader is not None else None
+
+
+def current_stream() -> TrainStream | None:
+    """This rank's training stream (None: it loads no training micro-batches)."""
+    loader: RankLoader | None = _CURRENT["loader"]
+    return loader.stream if loader is not None else None
 
 
 def current_metrics() -> MegatronMetrics | None:

@@ -80,7 +80,7 @@ class MegatronMetrics:
             return
         figures = None
         if self._interval is not None and self.stream is not None:
-            figures = self._interval.take(self.stream.pipeline.stats())
+            figures = self._interval.take(self.stream.delivering.stats())
         if self._relay is not None:
             import torch.distributed as dist
 

@@ -167,7 +167,8 @@ def wrap_training_log(original: Any) -> Any:
 
     def training_log(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
-        from zephon_megatron.loader import current_metrics, current_source_loss
+        from zephon_megatron.loader import current_metrics, current_source_loss, current_stream
+        from zephon_megatron.steering import steer_current
 
         iteration = int(signature.bind(*args, **kwargs).arguments["iteration"])
         metrics = current_metrics()
@@ -175,7 +176,8 @@ def wrap_training_log(original: Any) -> Any:
             metrics.at_iteration(iteration)
         by_source = current_source_loss()
         if by_source is not None:
-            by_source.at_iteration(iteration)  # a collective: every rank calls training_log
+            figures = by_source.at_iteration(iteration)  # a collective: every rank calls training_log
+            steer_current(figures, current_stream())  # --zephon-mixing: on the loading ranks
         return result
 
     return training_log

@@ -35,15 +35,11 @@ def reduce_figures(local: LocalFigures, parallel_dims: Any) -> LocalFigures:
     if mesh is None or not (dist.is_available() and dist.is_initialized()):
         return local
     group = mesh.get_group()
-    n = len(local.delivered_tokens)
-    table = torch.zeros(n + dist.get_world_size(group), dtype=torch.int64)
-    table[:n] = torch.tensor(local.delivered_tokens, dtype=torch.int64)
-    table[n + dist.get_rank(group)] = local.frontier
+    table = torch.tensor(local.slots(dist.get_world_size(group), dist.get_rank(group)), dtype=torch.int64)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     out = table.to(device)
     dist.all_reduce(out, group=group)
-    values = out.cpu().tolist()
-    return LocalFigures(max(values[n:]), tuple(values[:n]))
+    return LocalFigures.from_slots(out.cpu().tolist(), len(local.delivered_tokens))
 
 
 def steer(loader: MixingLoader, figures: SourceLoss, parallel_dims: Any) -> Decision | None:

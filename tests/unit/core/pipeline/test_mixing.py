@@ -344,3 +344,10 @@ def test_a_recipe_mixing_table_is_checked_at_load_and_builds_the_mixing(tmp_path
         with pytest.raises(ConfigError, match=needle) as e:
             load_recipe(tmp_path / "bad.toml")
         assert str(e.value).startswith(str(tmp_path / "bad.toml")) and "\n" not in str(e.value)
+
+
+def test_the_slots_summed_over_the_ranks_are_the_reduced_figures():
+    """What the adapters' one all-reduce (SUM) computes from ``slots`` is ``LocalFigures.reduced`` of the ranks'."""
+    parts = [LocalFigures(7, (5, 0, 2)), LocalFigures(9, (1, 4, 0)), LocalFigures(3, (0, 0, 6))]
+    summed = [sum(col) for col in zip(*(p.slots(len(parts), r) for r, p in enumerate(parts)))]
+    assert LocalFigures.from_slots(summed, 3) == LocalFigures.reduced(parts) == LocalFigures(9, (6, 4, 8))
