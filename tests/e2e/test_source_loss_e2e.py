@@ -5,6 +5,7 @@ step's ``zephon/loss/<source>`` weighted by ``zephon/loss_tokens/<source>`` is T
 ``global_avg_loss`` (a sum over both ranks' tokens: the figures are reduced over the data-parallel
 group), the token counts are those of the batch audit log's rows, and the console shows the same means.
 Megatron's wheel entry at TP=2 x DP=2 with ``--zephon-source-loss``: the same sums against its ``lm loss``.
+At PP=2 x DP=2 the first stage's rank 0 prints the figures the last stage's broadcast gave it.
 """
 
 from __future__ import annotations
@@ -88,11 +89,13 @@ def test_under_pipeline_parallelism_the_first_stage_holds_the_last_stages_figure
         assert weighted / sum(tokens.values()) == pytest.approx(ev["loss_metrics/global_avg_loss"][step], rel=1e-4)
 
 
-@pytest.mark.skipif(not __import__("importlib").util.find_spec("megatron"), reason="megatron-core is not installed")
-def test_megatron_logs_each_sources_loss_and_they_add_up_to_the_loss(tmp_path):
-    """Megatron's wheel entry at TP=2 x DP=2 over three token-array sources with --zephon-source-loss: the last rank
-    writes zephon/loss/<source> beside Megatron's lm loss at every iteration; weighted by their tokens the means are
-    Megatron's loss (the figures are reduced over the data-parallel group), and every label token counts once."""
+MEGATRON = pytest.mark.skipif(not __import__("importlib").util.find_spec("megatron"),
+                              reason="megatron-core is not installed")
+MG_NAMES = ("examples", "prose", "reference")
+
+
+def megatron_run(tmp_path, name, **topology):
+    """Megatron's wheel entry over three token-array sources with --zephon-source-loss for 4 iterations."""
     from harnesses import load
     from torchtitan_cpu.runs import token_corpora
 
@@ -101,15 +104,48 @@ def test_megatron_logs_each_sources_loss_and_they_add_up_to_the_loss(tmp_path):
     recipe = tmp_path / "mixed.toml"
     recipe.write_text(f"seed = 11\nchunk_size = 4\ncanonical_replicas = {h.C}\n\n[shuffle]\nwindow = 4\nseed = 2\n\n"
                       + "".join(f'[[sources]]\nname = "{n}"\npath = "{n}.npy"\nformat = "token_array"\n'
-                                f'offsets = "{n}_offsets.npy"\n\n' for n in ("examples", "prose", "reference")))
-    r = h.run(tmp_path, "mg", h.Zrun("wheel", 4, recipe, tp=2, train_iters=4,
+                                f'offsets = "{n}_offsets.npy"\n\n' for n in MG_NAMES))
+    r = h.run(tmp_path, name, h.Zrun("wheel", 4, recipe, train_iters=4, **topology,
                                      extra=["--zephon-source-loss", "--tensorboard-dir", "tb"]))
     assert r.ok, r.log_tail()
-    ev = scalars(r.run_dir / "tb")
-    names = ("examples", "prose", "reference")
+    return h, r, scalars(r.run_dir / "tb")
+
+
+def assert_weighted_means_are_lm_loss(h, ev):
     for step in range(1, 5):
-        tokens = {n: ev[f"zephon/loss_tokens/{n}"][step] for n in names}
+        tokens = {n: ev[f"zephon/loss_tokens/{n}"][step] for n in MG_NAMES}
         assert sum(tokens.values()) == h.GBS * h.SEQ, "concat rows: every label counts once"
         weighted = sum(ev[f"zephon/loss/{n}"][step] * t for n, t in tokens.items() if t)
         assert weighted / sum(tokens.values()) == pytest.approx(ev["lm loss"][step], rel=1e-4)
+
+
+@MEGATRON
+def test_megatron_logs_each_sources_loss_and_they_add_up_to_the_loss(tmp_path):
+    """Megatron's wheel entry at TP=2 x DP=2 over three token-array sources with --zephon-source-loss: the last rank
+    writes zephon/loss/<source> beside Megatron's lm loss at every iteration; weighted by their tokens the means are
+    Megatron's loss (the figures are reduced over the data-parallel group), and every label token counts once."""
+    h, r, ev = megatron_run(tmp_path, "mg", tp=2)
+    assert_weighted_means_are_lm_loss(h, ev)
     assert len(re.findall(r"zephon: loss by source .* \| iteration \d+", r.text)) == 4
+
+
+@MEGATRON
+def test_megatron_under_pipeline_parallelism_the_first_stage_holds_the_last_stages_figures(tmp_path):
+    """PP=2 x DP=2: only the second stage computes a loss. Rank 0 (a loading rank of the first stage) prints what
+    the broadcast over the pipeline group gave it, at every logged iteration; that is, to the printed digits, what
+    the last rank wrote to TensorBoard, whose token-weighted means are Megatron's lm loss."""
+    h, r, ev = megatron_run(tmp_path, "mg-pp", pp=2)
+    assert_weighted_means_are_lm_loss(h, ev)
+    received = re.findall(r"zephon: loss by source (.*) \| iteration (\d+) \| received from the last pipeline stage",
+                          r.text)
+    assert [int(it) for _, it in received] == [1, 2, 3, 4]
+    written = re.findall(r"zephon: loss by source (.*) \| iteration (\d+)$", r.text, re.MULTILINE)
+    assert sorted(written, key=lambda w: int(w[1])) == received, "both ends of the broadcast print the same figures"
+    for line, it in received:
+        shown = dict(pair.split("=") for pair in line.split())
+        for n in MG_NAMES:
+            want = ev.get(f"zephon/loss/{n}", {}).get(int(it))
+            if want is None:
+                assert shown[n] == "-", (it, n, shown)
+            else:  # TensorBoard keeps float32: equal to the printed digits, not to their rounding
+                assert float(shown[n]) == pytest.approx(want, abs=1e-5), (it, n, shown)

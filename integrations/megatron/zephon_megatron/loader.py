@@ -382,8 +382,10 @@ def per_source_loss(args: Any, recipe: Any) -> MegatronSourceLoss:
                                   "remove it or --context-parallel-size")
 
     last = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == dist.get_world_size() - 1
+    first_stage_shows = dist.is_available() and dist.is_initialized() and dist.get_rank() == 0 \
+        and int(getattr(args, "pipeline_model_parallel_size", 1) or 1) > 1
     return MegatronSourceLoss(tuple(s.name for s in recipe.sources()), log_interval=int(args.log_interval or 1),
-                              writes=last, writers=megatron_writers)
+                              writes=last, writers=megatron_writers, shows_received=first_stage_shows)
 
 
 def current_source_loss() -> MegatronSourceLoss | None:

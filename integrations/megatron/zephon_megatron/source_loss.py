@@ -10,7 +10,9 @@ runs without gradient). Every ``--log-interval``, on every rank (Megatron calls 
   ranks of the first stage hold the figures the last stage computed.
 
 The last rank writes ``zephon/loss/<source>`` and ``zephon/loss_tokens/<source>`` to Megatron's TensorBoard
-and W&B writers and prints a console line; every rank hands the figures to ``publish_source_loss``.
+and W&B writers and prints a console line; under pipeline parallelism rank 0 (a loading rank of the first
+stage) prints the figures the broadcast gave it too, so the log shows both ends of it. Every rank hands the
+figures to ``publish_source_loss``.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ class MegatronSourceLoss:
     """This rank's per-source loss since the previous logged iteration, and its reduction."""
 
     def __init__(self, names: tuple[str, ...], *, log_interval: int, writes: bool,
-                 writers: Callable[[], tuple[Any, Any]] | None = None) -> None:
+                 writers: Callable[[], tuple[Any, Any]] | None = None, shows_received: bool = False) -> None:
         self.names = names
         self.log_interval = max(1, int(log_interval))
         self.writes = writes
+        self.shows_received = shows_received  # rank 0 of the first pipeline stage, under PP
         self._writers = writers
         self._table = torch.zeros(2, len(names), dtype=torch.float64)
 
@@ -57,6 +60,8 @@ class MegatronSourceLoss:
         figures = source_loss_of(iteration, self.names, reduce_table(table).tolist())
         if self.writes:
             self.write(figures)
+        elif self.shows_received:
+            print(f"{figures.line()} | iteration {figures.step} | received from the last pipeline stage", flush=True)
         publish_source_loss(figures)
         return figures
 
