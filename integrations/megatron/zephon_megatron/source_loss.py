@@ -61,7 +61,7 @@ class MegatronSourceLoss:
         if self.writes:
             self.write(figures)
         elif self.shows_received:
-            print(f"{figures.line()} | iteration {figures.step} | received from the last pipeline stage", flush=True)
+            _console(f"{figures.line()} | iteration {figures.step} | received from the last pipeline stage")
         publish_source_loss(figures)
         return figures
 
@@ -74,7 +74,12 @@ class MegatronSourceLoss:
                 tensorboard.add_scalar(name, value, figures.step)
         if wandb is not None:
             wandb.log(scalars, figures.step)
-        print(f"{figures.line()} | iteration {figures.step}", flush=True)
+        _console(f"{figures.line()} | iteration {figures.step}")
+
+
+def _console(line: str) -> None:
+    # One write with its newline: with unbuffered output, print's separate newline lets another rank's line in.
+    print(line + "\n", end="", flush=True)
 
 
 def reduce_table(table: torch.Tensor) -> torch.Tensor:
