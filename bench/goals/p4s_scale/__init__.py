@@ -22,7 +22,7 @@ TARGETS = {"P4S_512_processes_s": 1.0, "P4S_16k_local_s": 3.0, "P4S_16k_s3_s": 1
 CASES = {
     "16384 simulated, local": ["--ranks", "16384", "--tp", "8", "--pp", "16", "--processes", "4", "--rounds", "4"],
     "16384 simulated, local, tp 8 pp 1 (2048 lanes)": ["--ranks", "16384", "--tp", "8", "--pp", "1", "--processes", "4",
-                                                       "--rounds", "3", "--timeout", "900"],
+                                                       "--rounds", "3", "--timeout", "900", "--check-each"],
     "4096 simulated, local, tp 8 pp 1 (512 lanes)": ["--ranks", "4096", "--tp", "8", "--pp", "1", "--processes", "4",
                                                      "--rounds", "3"],
     "16384 simulated, s3 +20 ms": ["--ranks", "16384", "--tp", "8", "--pp", "16", "--processes", "16", "--rounds", "3",

@@ -84,6 +84,7 @@ class SimRank:
         self.state: dict[str, Any] | None = None
         self.merged: dict[str, Any] | None = None
         self.out: dict[str, Any] = {}
+        self.check_each = a.check_each
 
     def round(self) -> None:
         assert self.state is not None
@@ -119,6 +120,8 @@ class SimRank:
         wrote = self.ops.by_kind["put"] + self.ops.by_kind["rename"] + self.ops.by_kind["write"] > 0
         self.merged = merged  # checked once every rank of the process is done, so as not to slow the others down
         self.out = {"rank": self.rank, "t0": t0, "t1": t1, "error": err, "ops": self.ops.as_dict(), "wrote": wrote}
+        if self.check_each:
+            self.check()
 
     def check(self) -> None:
         merged, self.merged = self.merged, None
@@ -326,6 +329,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--switch-interval", type=float, default=0.1, help="sys.setswitchinterval of the processes of threads"
     )
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument(
+        "--check-each", action="store_true", help="digest each rank's merged state as it returns and drop it: "
+        "thousands of ranks holding a many-lane state (16,384 x 2,048 lanes) outgrow 24 GiB otherwise; the "
+        "digests' CPU then falls inside the round",
+    )
     ap.add_argument(
         "--dir", default=None, help="the aggregate folder (local backend); default bench/.work/aggregate-scale"
     )
