@@ -112,6 +112,10 @@ class Journal:
             out = out.with_quarantine(q)
         return out
 
+    def skip_at(self, step: int) -> Skip | None:
+        """The skip that leaves out global step ``step`` (None: the step trains); a trainer runs no step for it."""
+        return next((s for s in self.skips if s.first <= step <= s.last), None)
+
     def skipper(self) -> LaneSkips | None:
         """What a lane checks for every batch it delivers (None: nothing to skip)."""
         return LaneSkips(self) if self.skips else None

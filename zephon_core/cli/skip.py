@@ -16,17 +16,7 @@ from zephon_core.checkpoint.surgery import journal_of
 from zephon_core.errors import CliError
 from zephon_core.integration.state_readers import load_checked_state
 from zephon_core.io.atomic import write_atomically
-
-
-def parse_steps(text: str) -> tuple[int, int]:
-    """``A..B`` (or one step ``A``) as ``(A, B)``; anything else is a CliError naming ``--steps``."""
-    first, sep, last = text.partition("..")
-    try:
-        a, b = int(first), int(last if sep else first)
-    except ValueError:
-        raise CliError(f"--steps {text!r}: give global steps as A..B (from 1, inclusive), "
-                       "e.g. --steps 1200..1450") from None
-    return a, b
+from zephon_core.pipeline.surgery import steps_of
 
 
 def run(a: argparse.Namespace) -> int:
@@ -36,7 +26,7 @@ def run(a: argparse.Namespace) -> int:
     state = load_checked_state(a.state)
     lanes = parse_lanes(state)
     if a.steps is not None:
-        first, last = parse_steps(a.steps)
+        first, last = steps_of(a.steps, "--steps")
         B = a.batches_per_step or state["canonical_replicas"]
         state = skip_in_state(state, first, last, B)
         out = a.out or a.state

@@ -1,15 +1,17 @@
-"""Surgery on a pipeline's lanes: a quarantine journaled by name, resolved to each lane's documents to leave out."""
+"""Surgery on a pipeline's lanes: a quarantine journaled by name, resolved to each lane's documents to leave out;
+what a recipe's ``[surgery]`` table asks, applied once to a restored pipeline (``apply_surgery``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from zephon_core.batch import Cursor
 from zephon_core.checkpoint.state import make_state, parse_lanes
-from zephon_core.checkpoint.surgery import Journal, Quarantine
+from zephon_core.checkpoint.surgery import Journal, Quarantine, skip_of
 from zephon_core.curriculum.work_source import WorkSource
-from zephon_core.errors import ConfigError
+from zephon_core.errors import ConfigError, StateError
 from zephon_core.lane.chunks import LaneQuarantine
 from zephon_core.pipeline.engine import OperatorChain
 from zephon_core.pipeline.resume import last_read_chunk
@@ -58,3 +60,70 @@ def quarantined_state(pipeline: Any, state: Mapping[str, Any], documents: Sequen
     pipeline.quarantine(documents)
     lanes = parse_lanes(state)
     return make_state(state["definition"], state["canonical_replicas"], state["topology"], lanes, pipeline.surgery)
+
+
+def steps_of(text: str, where: str) -> tuple[int, int]:
+    """``A..B`` (or one step ``A``) as ``(A, B)``; anything else is a ConfigError naming ``where``."""
+    first, sep, last = text.partition("..")
+    try:
+        a, b = int(first), int(last if sep else first)
+    except ValueError:
+        raise ConfigError(f"{where} {text!r}: give global steps as A..B (from 1, inclusive), e.g. 1200..1450") from None
+    if not 1 <= a <= b:
+        raise ConfigError(f"{where} {text!r}: a skip needs steps A..B with 1 <= A <= B")
+    return a, b
+
+
+def document_of(text: str, where: str) -> tuple[str, int]:
+    """``SOURCE#N`` as ``(source, N)``; anything else is a ConfigError naming ``where``."""
+    source, sep, number = text.rpartition("#")
+    if not sep or not source or not number.isdigit():
+        raise ConfigError(f"{where} {text!r}: name a document as SOURCE#N (a source's name, a document number), "
+                          "as zephon ledger prints it (zephon ledger ... --document HASH finds it from a hash)")
+    return source, int(number)
+
+
+@dataclass(frozen=True)
+class SurgeryRequest:
+    """Surgery a run is asked for at start-up (a recipe's ``[surgery]``, Megatron's ``--iterations-to-skip``):
+    global step ranges to skip and documents to quarantine; ``where`` names its origin in messages."""
+
+    skips: tuple[tuple[int, int], ...] = ()
+    documents: tuple[tuple[str, int], ...] = ()
+    where: str = "surgery"
+
+    @classmethod
+    def parse(cls, skip_steps: Sequence[str], quarantine: Sequence[str], where: str) -> SurgeryRequest:
+        """From the recipe's text forms, each refused naming ``where`` and its index."""
+        return cls(tuple(steps_of(t, f"{where}.skip_steps[{n}]") for n, t in enumerate(skip_steps)),
+                   tuple(document_of(t, f"{where}.quarantine[{n}]") for n, t in enumerate(quarantine)), where)
+
+    def __bool__(self) -> bool:
+        return bool(self.skips or self.documents)
+
+
+def apply_surgery(pipeline: Any, request: SurgeryRequest, batches_per_step: int) -> list[str]:
+    """Journal in ``pipeline`` (restored, not yet iterated) what ``request`` asks and its journal lacks; what is
+    journaled already (a resume after the surgery) is left as it is, so a request may stay in a recipe for the rest
+    of the run. Returns a line per entry journaled now. A skip of steps the lanes already delivered, or a document
+    the sources do not have, is refused naming ``request.where``."""
+    done: list[str] = []
+    C = pipeline.identity.canonical_replicas
+    for first, last in request.skips:
+        skip = skip_of(first, last, batches_per_step, C)
+        if skip in pipeline.surgery.skips:
+            continue
+        try:
+            pipeline.skip_steps(first, last, batches_per_step)
+        except StateError as e:
+            raise StateError(f"{request.where}: {e}") from None
+        done.append(f"{skip} skipped ({batches_per_step} batches a step)")
+    journaled = {d for q in pipeline.surgery.quarantines for d in q.documents}
+    new = [d for d in dict.fromkeys(request.documents) if d not in journaled]
+    if new:
+        try:
+            pipeline.quarantine(new)
+        except ConfigError as e:
+            raise ConfigError(f"{request.where}: {e}") from None
+        done.append(f"quarantined {pipeline.surgery.quarantines[-1]} from each lane's first unread chunk")
+    return done

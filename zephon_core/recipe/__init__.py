@@ -41,6 +41,12 @@ A staged curriculum names its sources and gives the weights per stage
     start_step = 90000           # or start_tokens = ...
     weights = { web = 0.4, code = 0.3, math = 0.3 }
 
+A ``[surgery]`` table leaves data out from where the run resumes (``docs/when_a_run_goes_wrong.md``):
+
+    [surgery]
+    skip_steps = ["1200..1450"]  # global steps, from 1, inclusive
+    quarantine = ["web#693"]     # SOURCE#N
+
 A ``[mixing]`` table steers the mixture by the run's losses (``docs/mixing.md``):
 
     [mixing]
@@ -57,9 +63,9 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from zephon_core.curriculum.mixture import EXHAUSTION_POLICIES, StaticMixture
 from zephon_core.curriculum.stages import WEIGHT_BY, Stage, StagedMixture, check_stages
@@ -71,99 +77,11 @@ from zephon_core.lane.ops import PACK_MODES, RUNNERS, PackOp
 from zephon_core.lane.tokenizer_file import load_tokenizer
 from zephon_core.pipeline import Pipeline
 from zephon_core.pipeline.mixing import Mixing
+from zephon_core.pipeline.surgery import SurgeryRequest
+from zephon_core.recipe.schema import RecipeSpec, SourceSpec, StageSpec
 from zephon_core.sources import Source
-from zephon_core.sources.registry import DEFAULT_FORMAT, FileSource, SourceArgs, in_recipe, source_format
+from zephon_core.sources.registry import FileSource, SourceArgs, in_recipe, source_format
 from zephon_core.validation import require_choice, require_int, require_positive_number
-
-
-@dataclass
-class SourceSpec:
-    path: Optional[str] = None
-    paths: Optional[list[str]] = None
-    format: str = DEFAULT_FORMAT  # a registered format (sources/registry.py)
-    weight: float = 1.0
-    text_field: str = "text"
-    offsets: Optional[str] = None  # token_array: the .npy of document offsets
-    name: Optional[str] = None
-
-
-@dataclass
-class ShuffleSpec:
-    window: int = 0
-    seed: int = 0
-
-
-@dataclass
-class AggregateSpec:
-    dir: Optional[str] = None
-    run_id: Optional[str] = None
-    timeout_s: float = 180.0
-
-
-@dataclass
-class ExecutionSpec:
-    parallelism: int = 1
-    runner: str = "thread"
-    prefetch: int = 0
-    readahead: int = 1
-
-
-@dataclass
-class StandaloneSpec:
-    tokenizer: Optional[str] = None
-    seq_len: int = 128
-    batch_size: int = 4
-    bos_id: Optional[int] = None
-    eos_id: Optional[int] = None
-
-
-@dataclass
-class StageSpec:
-    name: str = "???"
-    weights: dict[str, float] = field(default_factory=dict)
-    start_tokens: Optional[int] = None
-    start_step: Optional[int] = None
-    weight_by: Optional[str] = None  # default: the recipe's weight_by
-
-
-@dataclass
-class MixingSpec:
-    """``[mixing]``: a mixture the run steers by its losses (``pipeline.mixing.Mixing.from_table``)."""
-
-    controller: str = "identity"
-    interval_steps: Optional[int] = None
-    interval_tokens: Optional[int] = None
-    min_share: float = 0.0
-    max_change: float = 1.0
-    margin_chunks: int = 0
-    weight_by: str = "tokens"
-    weights: Optional[dict[str, float]] = None  # identity
-    schedule: Optional[str] = None  # schedule: a TOML file of [[decisions]], relative to the recipe
-    alpha: Optional[float] = None  # odm
-
-
-@dataclass
-class RecipeSpec:
-    sources: list[SourceSpec] = field(default_factory=list)
-    stages: list[StageSpec] = field(default_factory=list)
-    weight_by: str = "documents"
-    global_batch_size: Optional[int] = None
-    seed: int = 0
-    chunk_size: int = 64
-    exhausted: str = "repeat"
-    shuffle_documents: bool = True
-    block_size: int = 0
-    block_window: int = 8
-    pack_mode: str = "concat"
-    pack_window: Optional[int] = None  # the fit modes' window of documents (1024 when not given)
-    pack_overlong: str = "split"
-    max_docs_per_row: int = 0
-    canonical_replicas: Optional[int] = None
-    shuffle: ShuffleSpec = field(default_factory=ShuffleSpec)
-    aggregate: AggregateSpec = field(default_factory=AggregateSpec)
-    execution: ExecutionSpec = field(default_factory=ExecutionSpec)
-    standalone: Optional[StandaloneSpec] = None
-    mixing: Optional[MixingSpec] = None
 
 
 class Recipe:
@@ -198,6 +116,7 @@ class Recipe:
             raise self._err("sources", "mixes text and pretokenized sources; use one kind per recipe")
         self._check_stages()
         self.mixing()  # a wrong key, a missing schedule file: refused at load
+        self.surgery()
         require_choice(s.exhausted, f"{self.path}: exhausted", EXHAUSTION_POLICIES)
         require_choice(s.pack_mode, f"{self.path}: pack_mode", PACK_MODES)
         try:
@@ -246,6 +165,10 @@ class Recipe:
             return Mixing.from_table(table, "mixing", self._folder, token_counter)
         except ConfigError as e:
             raise ConfigError(f"{self.path}: {e}") from None
+
+    def surgery(self) -> SurgeryRequest:
+        """The ``[surgery]`` table (empty without one): the adapters journal it once the pipeline is restored."""
+        return SurgeryRequest.parse(self.spec.surgery.skip_steps, self.spec.surgery.quarantine, f"{self.path}: surgery")
 
     def tokens_per_step(self, seq_len: int | None) -> int | None:
         """Tokens one optimizer step packs: global_batch_size rows of seq_len + 1 (None when either is unknown)."""

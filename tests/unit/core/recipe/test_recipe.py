@@ -12,7 +12,7 @@ from support.core_fixtures import CharTokenizer, take, write_jsonl, zephon_cache
 from zephon_core import ConfigError, JsonlSource, TokenArraySource
 from zephon_core.recipe import load_recipe
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 DEMO = REPO / "configs" / "data" / "demo.toml"
 
 

@@ -10,7 +10,7 @@ import pytest
 from zephon_core import ConfigError, StagedMixture, StaticMixture
 from zephon_core.recipe import load_recipe
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 TOKENIZER = ROOT / "configs" / "corpus" / "tokenizer.json"
 
 
