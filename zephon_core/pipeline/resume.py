@@ -26,6 +26,7 @@ from zephon_core.batch import Cursor
 from zephon_core.checkpoint.compat import Divergence, checkpoint_curriculum, divergence
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import LaneState
+from zephon_core.curriculum.definition import parse_definition
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError
 from zephon_core.lane.ops import FIT_MODES
@@ -92,6 +93,9 @@ def resume_verdict(state: Mapping[str, Any], lanes: Mapping[int, LaneState], def
     old = state["definition"]
     if old == definition:
         return Verdict(True, "same data definition")
+    unsteered = _unsteered(old, definition)
+    if unsteered is not None:
+        return Verdict(False, unsteered)
     others = sorted((set(old) | set(definition)) - {"work_source"})
     diffs = [d for k in others for d in diff_definitions(old.get(k), definition.get(k), k)]
     found = divergence(old.get("work_source", {}), definition.get("work_source", {}))
@@ -102,6 +106,20 @@ def resume_verdict(state: Mapping[str, Any], lanes: Mapping[int, LaneState], def
         return Verdict(False, f"{CHANGED_DATA}: {_summary(diffs)}", diffs)
     C = int(state["canonical_replicas"])
     return _stage_verdict(found, old.get("work_source", {}), lanes, C, work_source, chain)
+
+
+def _unsteered(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """Why a state whose mixture was steered cannot resume into a pipeline with no journal (None: it can).
+
+    The steered stages the lanes have not reached look like stages changed after the state's position, which a
+    resume accepts; the run would then silently train the recipe's own mixture from there on."""
+    journal = parse_definition(old).journal
+    if journal is None or not journal.decisions or parse_definition(new).journal is not None:
+        return None
+    n = len(journal.decisions)
+    return (f"the checkpoint's data is steered by a mixing journal ({n} decision{'s' * (n > 1)}, the last at step "
+            f"{journal.decisions[-1].step}); resume with mixing on (MixingLoader; TorchTitan: mixing = true, Megatron: "
+            "--zephon-mixing) so its decisions are replayed, with the recipe's [mixing] table")
 
 
 def _stage_verdict(found: Divergence, old: Mapping[str, Any], lanes: Mapping[int, LaneState], C: int,

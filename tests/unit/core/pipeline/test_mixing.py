@@ -351,3 +351,14 @@ def test_the_slots_summed_over_the_ranks_are_the_reduced_figures():
     parts = [LocalFigures(7, (5, 0, 2)), LocalFigures(9, (1, 4, 0)), LocalFigures(3, (0, 0, 6))]
     summed = [sum(col) for col in zip(*(p.slots(len(parts), r) for r, p in enumerate(parts)))]
     assert LocalFigures.from_slots(summed, 3) == LocalFigures.reduced(parts) == LocalFigures(9, (6, 4, 8))
+
+
+def test_a_steered_state_restored_without_mixing_is_refused_not_unsteered():
+    """A checkpoint taken just after a decision whose stage no lane has reached yet: a pipeline without mixing would
+    accept it as 'a stage changed after its position' and silently train the recipe's own mixture from there on."""
+    _, state, journal = steered_run(schedule_controller([(4, [1, 9, 1])]), [Phase(2, 4)])
+    assert len(journal.decisions) == 1
+    plain = pipe(base(), 2, 0)
+    with pytest.raises(StateError, match=r"steered by a mixing journal \(1 decision, the last at step 4\).*mixing on"):
+        plain.restore(state)
+    MixingLoader(pipe(base(), 2, 0), Mixing(schedule_controller([(4, [1, 9, 1])])(), interval_steps=1)).restore(state)
