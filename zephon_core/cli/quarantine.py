@@ -2,7 +2,8 @@
 
 The state's JSON file is rewritten atomically with the quarantine in its surgery journal
 (``zephon_core.checkpoint.surgery``); its lanes are not touched. Each lane leaves the documents out from the
-first chunk it has not begun to read, which needs the run's recipe and shape (as ``zephon trace`` does).
+first chunk it has not begun to read, which needs the run's recipe and shape (as ``zephon trace`` does). A
+document named by its content hash is every document with that content (``verify.content_hashes``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import argparse
 import json
 from typing import Any
 
-from zephon_core.cli.options import add_shape_options, load, pipeline
+from zephon_core.cli.options import add_shape_options, load, pipeline, progress_options
+from zephon_core.cli.progress import Progress
 from zephon_core.errors import CliError
 from zephon_core.integration.state_readers import load_checked_state
 from zephon_core.io.atomic import write_atomically
@@ -21,22 +23,44 @@ def parse_document(text: str) -> tuple[str, int]:
     """``SOURCE#N`` as ``(source, N)``; anything else is a CliError naming ``--document``."""
     source, sep, number = text.rpartition("#")
     if not sep or not source or not number.isdigit():
-        raise CliError(f"--document {text!r}: name a document as SOURCE#N (a source's name, a document number), "
-                       "as zephon ledger prints it")
+        raise CliError(f"--document {text!r}: name a document as SOURCE#N (a source's name, a document number) "
+                       "or by its content hash (16 hex digits), as zephon ledger prints them")
     return source, int(number)
+
+
+def resolve_hashes(hashes: list[str], p: Any, a: argparse.Namespace) -> list[tuple[str, int]]:
+    """Every document whose content has one of ``hashes``: from ``--ledger``'s Parquet file, else one pass over the
+    recipe's sources (a progress bar on stderr); each hash's documents are printed."""
+    from zephon_core.verify import content_hashes
+
+    if not hashes:
+        return []
+    if a.ledger:
+        found, where = content_hashes.in_ledger(a.ledger, hashes), f"{a.ledger}, the documents its run trained on"
+    else:
+        sources = p.work_source.sources
+        progress = Progress(content_hashes.scan_blocks(sources), a)
+        found = content_hashes.scan(sources, hashes, progress.step)
+        where = f"every document of {', '.join(s.name for s in sources)}"
+    documents = content_hashes.resolve(hashes, found, where)
+    for h in dict.fromkeys(hashes):
+        print(f"{h}: {', '.join(f'{s}#{d}' for s, d in found[h])}")
+    return documents
 
 
 def run(a: argparse.Namespace) -> int:
     from zephon_core.pipeline.surgery import quarantined_state
+    from zephon_core.verify.content_hashes import is_content_hash
 
     if not a.state.endswith(".json"):
         raise CliError(f"--state {a.state}: zephon quarantine edits a state's .json file")
-    documents = [parse_document(d) for d in a.document]
+    hashes = [d for d in a.document if is_content_hash(d)]
+    documents = [parse_document(d) for d in a.document if d not in hashes]
     recipe = load(a.recipe)
     state = load_checked_state(a.state)
     C = int(state["canonical_replicas"])
     with pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0) as p:
-        new = quarantined_state(p, state, documents)
+        new = quarantined_state(p, state, documents + resolve_hashes(hashes, p, a))
     out = a.out or a.state
     data = (json.dumps(new) + "\n").encode()
     write_atomically(out, lambda f: f.write(data), durable=True)
@@ -49,7 +73,12 @@ def register(sub: Any) -> None:
     p = sub.add_parser("quarantine", help="leave documents out of a run from its checkpoint state on")
     p.add_argument("recipe")
     p.add_argument("--state", required=True, help="the checkpoint state's .json file (edited in place unless --out)")
-    p.add_argument("--document", action="append", required=True, help="SOURCE#N (repeatable)")
+    p.add_argument("--document", action="append", required=True,
+                   help="SOURCE#N, or a content hash (every document with that content) as zephon ledger prints it "
+                        "(repeatable)")
+    p.add_argument("--ledger", metavar="FILE.parquet", help="find --document hashes in this ledger (zephon ledger "
+                   "--parquet) instead of reading the sources: only the documents that run trained on are there")
+    progress_options(p)
     p.add_argument("--out", help="write the new state here instead of over --state")
     add_shape_options(p)
     p.set_defaults(fn=run)
