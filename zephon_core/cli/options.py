@@ -39,22 +39,27 @@ def load(path: str) -> Any:
 
 
 def journal_option(p: argparse.ArgumentParser) -> None:
-    """``--journal STATE``: replay a steered run's mixing journal over the recipe's mixture (docs/mixing.md)."""
-    p.add_argument("--journal", metavar="STATE", help="a checkpoint of a steered run (docs/mixing.md): the recipe's "
-                   "mixture with that state's mixing journal replayed, the data the run trained on")
+    """``--journal STATE``: a checkpoint's journals over the recipe: a steered run's mixing journal (docs/mixing.md)
+    and its surgery journal (docs/when_a_run_goes_wrong.md), so the command sees the data the run trained on."""
+    p.add_argument("--journal", metavar="STATE", help="a checkpoint of the run: the recipe with that state's journals "
+                   "applied, the data the run trained on: a steered run's mixing journal (docs/mixing.md) and the "
+                   "steps skipped and documents quarantined by surgery (docs/when_a_run_goes_wrong.md)")
 
 
 def pipeline(recipe: Any, a: argparse.Namespace, **options: Any) -> Any:
     """The pipeline ``recipe`` defines, shaped as the command line says; ``options`` go to ``Pipeline.options``;
-    with ``--journal``, over the mixture that state's journal steered."""
+    with ``--journal``, over the mixture that state's journal steered and with its surgery (``p.surgery``)."""
     from zephon_core.verify.shape import build
 
     p = build(recipe, shape_of(a), **options)
     if getattr(a, "journal", None):
+        from zephon_core.checkpoint.surgery import journal_of
         from zephon_core.pipeline.mixing import replay
         from zephon_core.report.inputs import read_state
 
-        p = replay(p, read_state(a.journal))
+        state = read_state(a.journal)
+        p = replay(p, state)
+        p.surgery = journal_of(state)
     return p
 
 

@@ -1,4 +1,10 @@
-"""``zephon trace``: which documents (and token ranges) make up a global step."""
+"""``zephon trace``: which documents (and token ranges) make up a global step.
+
+With ``--journal STATE`` the step is traced as that run delivered it: its mixing journal replayed and its surgery
+journal applied. A step the journal skipped is still cut (the lanes cut it and moved past it) and shown under a
+header saying it did not train; a quarantined document is absent from the rows, as the lanes delivered them, and
+named on a line of its own where the step held it before the quarantine.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,45 @@ from zephon_core.errors import CliError
 from zephon_core.verify import curriculum_audit
 
 
+def _step(p: Any, step: int, B: int, progress: Progress) -> tuple[list[Any], dict[str, Any]]:
+    """Global step ``step``'s batches of ``p`` (one group, all lanes) and the state after them."""
+    with p:
+        it = iter(p)
+        batches = []
+        for n in range(step * B):
+            b = next(it)
+            progress.step(f"batch {n + 1} of step {n // B + 1}")
+            if n >= (step - 1) * B:
+                batches.append(b)
+        return batches, p.checkpoint()
+
+
+def _documents(batches: list[Any]) -> set[tuple[int, int]]:
+    return {(s.source, s.document) for b in batches for segs in b.provenance for s in segs}
+
+
+def _quarantined(make: Any, journal: Any, names: list[str], delivered: list[Any], a: argparse.Namespace, B: int,
+                 progress: Progress) -> str:
+    """One line: the quarantined documents the step held before the quarantine, now absent, and any it still holds
+    (read before the quarantine took effect)."""
+    from zephon_core.checkpoint.surgery import Journal
+
+    p = make()
+    p.surgery = Journal()
+    before, _ = _step(p, a.step, B, progress)
+    named = {(names.index(s), d) for q in journal.quarantines for s, d in q.documents if s in names}
+    now = _documents(delivered)
+    gone = sorted(named & _documents(before) - now)
+    kept = sorted(named & now)
+    line = "  quarantined (journaled): " + (", ".join(f"{names[s]}#{d}" for s, d in gone) or "none of them")
+    line += " left out of this step as the lanes delivered it"
+    if kept:
+        line += "; still in it (read before the quarantine): " + ", ".join(f"{names[s]}#{d}" for s, d in kept)
+    return line
+
+
 def run(a: argparse.Namespace) -> int:
+    from zephon_core.checkpoint.surgery import Journal
     from zephon_core.lane.assignment import owned_lanes
 
     recipe = load(a.recipe)
@@ -22,19 +66,26 @@ def run(a: argparse.Namespace) -> int:
                        "for a step's contents to be topology-free")
     if a.step < 1:
         raise CliError("--step counts from 1")
-    p = pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0)
+
+    def make() -> Any:
+        return pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0)
+
+    p = make()
+    journal = p.surgery
+    # Every step is cut, a skipped one too (the lanes cut it and moved past it); the header says what did not train.
+    p.surgery = Journal((), journal.quarantines)
     names = [s.name for s in p.work_source.sources]
-    progress = Progress(a.step * B, a)
-    with p:
-        it = iter(p)
-        batches = []
-        for n in range(a.step * B):
-            b = next(it)
-            progress.step(f"batch {n + 1} of step {n // B + 1}")
-            if n >= (a.step - 1) * B:
-                batches.append(b)
-        state = p.checkpoint()
-    print(f"global step {a.step}: {B} batches (C={C}; lanes {owned_lanes(C, 1, 0)})")
+    progress = Progress(a.step * B * (2 if journal.quarantines else 1), a)
+    batches, state = _step(p, a.step, B, progress)
+    if journal:
+        print(f"surgery journal of {a.journal}: skips: {', '.join(map(str, journal.skips)) or 'none'}; quarantined: "
+              + ("; ".join(map(str, journal.quarantines)) or "none"))
+    skip = next((s for s in journal.skips if s.first <= a.step <= s.last), None)
+    if skip is not None:
+        print(f"global step {a.step}: SKIPPED by surgery ({skip}, journaled): its data did not train; "
+              f"the {B} batches left out (C={C}; lanes {owned_lanes(C, 1, 0)}):")
+    else:
+        print(f"global step {a.step}: {B} batches (C={C}; lanes {owned_lanes(C, 1, 0)})")
     for b in sorted(batches, key=lambda b: (b.lane, b.lane_index)):
         g = b.lane + b.cursor.chunk * C
         stage = curriculum_audit.stage_name(p.work_source, g)
@@ -43,6 +94,8 @@ def run(a: argparse.Namespace) -> int:
         for r, segs in enumerate(b.provenance):
             parts = ", ".join(f"{names[s.source]}#{s.document}[{s.start}:{s.stop}]" for s in segs)
             print(f"    row {r}: {parts}")
+    if journal.quarantines:
+        print(_quarantined(make, journal, names, batches, a, B, progress))
     audit = curriculum_audit.audit_curriculum(p.work_source, curriculum_audit.chunks_read(state))
     print(audit.summary(p.work_source))
     for problem in audit.problems:

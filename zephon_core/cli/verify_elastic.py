@@ -1,5 +1,7 @@
 """``zephon verify-elastic``: a topology change at a checkpoint keeps every step's samples (simulated in
-one process)."""
+one process). With ``--journal STATE`` both topologies run with that state's journals (``cli.options.pipeline``):
+the steps it skipped do not train on either, so ``--steps`` and ``--checkpoint-step`` count the steps that
+trained."""
 
 from __future__ import annotations
 
@@ -37,22 +39,39 @@ def run(a: argparse.Namespace) -> int:
                                      lambda ph: progress.step(f"elastic dp={ph.dp_degree}"))
     more, _ = simulate.run_phase(maker(resumed), simulate.Phase(a.to, a.steps - a.checkpoint_step), B, state,
                                  lambda ph: progress.step(f"elastic dp={ph.dp_degree}"))
+    ref = maker(resumed)(1, 0)
+    journal = ref.surgery
+    if journal:  # both topologies ran with it: the steps counted below are the steps that trained
+        print(f"surgery journal of {a.journal}, applied on both topologies: skips: "
+              f"{', '.join(map(str, journal.skips)) or 'none'}; quarantined: "
+              + ("; ".join(map(str, journal.quarantines)) or "none"))
     change = f"{a.from_} -> {a.to} at step {a.checkpoint_step}"
     change += f", resumed with {a.resume_recipe}" if a.resume_recipe else ""
     bad = simulate.first_mismatch(ref_records, recs + more, provenance=True)
-    ws = maker(resumed)(1, 0).work_source
+    ws = ref.work_source
     audit = curriculum_audit.audit_curriculum(ws, curriculum_audit.chunks_read(ref_state))
     if bad is None and not audit.problems:
-        print(f"ok: {a.steps} global steps identical: dp_degree {a.from_} throughout vs {change} "
+        steps = f"{a.steps} global steps" if not journal.skips else (
+            f"{a.steps} trained steps (global steps 1..{_global_step(journal, a.steps)} less the skipped)")
+        print(f"ok: {steps} identical: dp_degree {a.from_} throughout vs {change} "
               f"(C={C}, {B} batches per step)")
         print(audit.summary(ws))
         return 0
     if bad is not None:
-        print(f"MISMATCH at global step {bad + 1}: dp_degree {change} changes the samples of that step "
-              f"(C={C}, {B} batches per step)")
+        print(f"MISMATCH at global step {_global_step(journal, bad + 1)}: dp_degree {change} changes the samples "
+              f"of that step (C={C}, {B} batches per step)")
     for problem in audit.problems:
         print(f"CURRICULUM: {problem}")
     return 1
+
+
+def _global_step(journal: Any, trained: int) -> int:
+    """The global step of the ``trained``-th step that trained, past the journal's skipped steps."""
+    step = trained
+    for skip in journal.skips:  # in step order
+        if skip.first <= step:
+            step += skip.last - skip.first + 1
+    return step
 
 
 def register(sub: Any) -> None:

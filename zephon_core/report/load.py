@@ -17,6 +17,7 @@ from typing import Any
 
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.checkpoint.surgery import journal_of
 from zephon_core.curriculum.definition import parse_definition
 from zephon_core.curriculum.steered import describe_journal
 from zephon_core.curriculum.work_source import WorkSource
@@ -33,6 +34,7 @@ from zephon_core.report.history import (
     unique_batches,
 )
 from zephon_core.report.inputs import STEP_NAME, classify, read_logs, read_state, row_shape
+from zephon_core.report.surgery import journal_notes, skipped_figures, without_skipped
 from zephon_core.verify.shape import Shape, build, work_source
 
 
@@ -90,6 +92,20 @@ def _with_recipe_sizes(c: Curriculum, a: ReportRequest, state: Mapping[str, Any]
     return Curriculum(c.sources, c.stages, c.shares, sizes, where, c.stage_starts)
 
 
+def _run_pipeline(a: ReportRequest, state: Mapping[str, Any]) -> Any:
+    """The run's pipeline on one group, every lane (its mixing journal replayed), from ``--recipe``; None where the
+    recipe is not given or cannot be built without the run's shape (a training recipe without ``--framework``)."""
+    if not a.recipe:
+        return None
+    from zephon_core.pipeline.mixing import replay
+    from zephon_core.recipe import load_recipe
+
+    recipe = load_recipe(a.recipe)
+    if recipe.spec.standalone is None and a.shape.framework is None:
+        return None
+    return replay(build(recipe, a.shape, prefetch=0, canonical_replicas=state["canonical_replicas"]), state)
+
+
 def _label(path: str) -> str:
     """A checkpoint as a series names it: its step-N / iter_N folder (a Megatron file sits deeper), else its file
     name."""
@@ -112,6 +128,12 @@ def _run_of_checkpoints(paths: list[tuple[int | None, str]], a: ReportRequest) -
         c = _with_recipe_sizes(c, a, state)
     history, notes = history_of_states([(step, s) for step, _, s in dated], len(c.stages), len(c.sources))
     c = c.widened(*history.shape)
+    surgery = journal_of(state)
+    p = _run_pipeline(a, state) if surgery.skips else None
+    if p is not None:
+        delivered = [{lane: ls.delivered for lane, ls in parse_lanes(s).items()} for _, _, s in dated]
+        history = without_skipped(history, skipped_figures(p, surgery, delivered))
+    notes.extend(journal_notes(surgery, left_out=p is not None))
     lanes = parse_lanes(state)
     in_stage = [0] * len(c.stages)
     for lane, ls in lanes.items():

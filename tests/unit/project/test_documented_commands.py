@@ -87,7 +87,7 @@ RULES: list[tuple[str, str, str]] = [
      "tests/unit/core/sources/test_arrow.py::"
      "test_zephon_index_writes_a_manifest_that_start_up_uses_without_opening_a_data_file"),
     (r"^zephon --version$", "test", "tests/unit/core/cli/test_cli.py::test_version_and_a_bare_zephon"),
-    (r"^zephon (skip|quarantine|ledger|blame) .*run/", "test",
+    (r"^zephon (skip|quarantine|ledger|blame|trace|report|verify-elastic) .*run/", "test",
      "tests/unit/core/cli/test_surgery_cli.py::test_the_documented_commands_run_as_written"),
     (r"^zephon [a-z-]+( [A-Z][A-Z0-9.]*| \[.*\]| --[a-z-]+( [A-Z0-9]+)?)*$|^zephon [a-z-]+$|^zephon [a-z |-]+$", "synopsis", ""),
     (r"^zephon from-megatron .* --out ", "run", "outside the clone"),

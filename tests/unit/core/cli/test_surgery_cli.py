@@ -88,6 +88,7 @@ def test_the_documented_commands_run_as_written(run_folder, tmp_path):
         outputs.append(r.stdout)
     assert "stdlib_docs.jsonl#693 (" in "".join(outputs) and "every batch agrees" in outputs[-2]
     assert "a1836a026bfdfe68: stdlib_docs.jsonl#155\n" in "".join(outputs)  # the quarantine's hash, resolved
+    assert "surgery journal of run/state.json, applied on both topologies" in "".join(outputs)  # verify-elastic
     ranked = [line.split()[-1] for line in outputs[-1].splitlines()[1:]]  # zephon blame: token-weighted means
     assert ranked == ["stdlib_docs.jsonl#693", "stdlib_docs.jsonl#40", "stdlib_docs.jsonl#12"]
     assert (tmp_path / "run" / "ledger.parquet").stat().st_size > 0
