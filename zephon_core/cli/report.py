@@ -57,8 +57,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--batches-per-step", type=int, help="the run's batches per global step (default: canonical_replicas)"
     )
-    p.add_argument("--journal", metavar="STATE", help="audit logs of a steered run: a checkpoint of it, whose mixing "
-                   "journal the logs' stages follow (docs/mixing.md); a checkpoint input holds its own")
+    p.add_argument("--journal", metavar="STATE", help="audit logs of a steered run or one that had surgery: a "
+                   "checkpoint of it, whose mixing journal the logs' stages follow (docs/mixing.md) and whose skips "
+                   "and quarantines are noted; a checkpoint input holds its own")
     p.add_argument("--plot", metavar="PNG", help="draw the run (needs the plot extra: matplotlib); a steered run: "
                    "each source's weight against its realized share, and the losses decided on")
     p.add_argument("--html", metavar="HTML", help="write one self-contained page with the table and the picture")

@@ -47,7 +47,7 @@ class ReportRequest:
     canonical_replicas: int | None = None  # audit logs without a recipe: default the lanes seen
     batches_per_step: int | None = None  # default: canonical_replicas
     shape: Shape = field(default_factory=Shape)  # the run's shape, for a training recipe
-    journal: str | None = None  # audit logs of a steered run: a checkpoint of it, whose mixing journal they follow
+    journal: str | None = None  # audit logs: a checkpoint of the run, whose mixing journal they follow (and surgery)
 
 
 def _recipe_plan(a: ReportRequest) -> tuple[WorkSource, int | None, tuple[int, int] | None]:
@@ -183,11 +183,12 @@ def _run_of_logs(logs: list[str], a: ReportRequest) -> Run:
     steered = read_state(a.journal) if a.journal else None
     c, C, shape = _logs_plan(a, steered)
     C = C or 1 + max(lane for lane, _ in batches)
-    journal = None
+    journal, surgery = None, None
     if steered is not None:
-        journal = parse_definition(steered["definition"]).journal
-        if journal is None:
-            raise CliError(f"--journal {a.journal}: the checkpoint holds no mixing journal (not a steered run)")
+        journal, surgery = parse_definition(steered["definition"]).journal, journal_of(steered)
+        if journal is None and not surgery:
+            raise CliError(f"--journal {a.journal}: the checkpoint holds no mixing journal (not a steered run) "
+                           "and no surgery journal")
     B = a.batches_per_step or C
     if B % C:
         raise CliError(
@@ -209,6 +210,8 @@ def _run_of_logs(logs: list[str], a: ReportRequest) -> Run:
                                             "not known"]
     if journal is not None:
         notes.extend(describe_journal(journal, most=10))
+    if surgery:
+        notes.extend(journal_notes(surgery, left_out=True))  # no rank logs a batch it skipped
     short = short_steps(history, B)
     if short:
         notes.append(

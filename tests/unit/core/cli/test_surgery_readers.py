@@ -1,7 +1,8 @@
 """``zephon trace``, ``report`` and ``verify-elastic`` on a run that had surgery (issue #35): given the run's state
-(``--journal``; ``report`` reads the checkpoint's own journal) they show what the run trained on: a skipped step
-marked as not trained with its data, a later step as the lanes delivered it, quarantined documents absent; the
-report leaves the skipped steps out of its figures; verify-elastic runs the journal on both topologies."""
+(``--journal``; ``report`` reads a checkpoint's own journal, and audit logs' from ``--journal``) they show what
+the run trained on: a skipped step marked as not trained with its data, a later step as the lanes delivered it,
+quarantined documents absent; the report leaves the skipped steps out of its figures; verify-elastic runs the
+journal on both topologies."""
 
 from __future__ import annotations
 
@@ -85,13 +86,15 @@ def test_trace_shows_a_quarantined_document_absent_as_the_run_delivered_the_step
 def test_report_notes_the_journal_and_leaves_the_skipped_steps_out_of_its_figures(run):
     out, _ = run
     from_state = zephon("report", str(out / "final.json"), "--recipe", DEMO, "--batches-per-step", str(B))
-    from_logs = zephon("report", str(out / "logs"), "--recipe", DEMO, "--batches-per-step", str(B))
+    from_logs = zephon("report", str(out / "logs"), "--recipe", DEMO, "--batches-per-step", str(B),
+                       "--journal", str(out / "final.json"))
     assert from_state.returncode == 0 and from_logs.returncode == 0, from_state.stderr + from_logs.stderr
     total = [line for line in from_state.stdout.splitlines() if line.startswith("total: ")]
     assert total and total == [line.split(";")[0] for line in from_logs.stdout.splitlines()
                                if line.startswith("total: ")]  # the logs hold only what trained
     assert from_state.stdout.startswith(f"checkpoint {out / 'final.json'}: {13 * B} batches, at step 15")
     notes = [line for line in from_state.stdout.splitlines() if line.startswith("note: surgery: ")]
+    assert notes == [line for line in from_logs.stdout.splitlines() if line.startswith("note: surgery: ")]
     assert notes == ["note: surgery: steps 3..4 skipped (journaled): their data did not train, left out of these "
                      "figures", f"note: surgery: quarantined stdlib_docs.jsonl#{LATE}, stdlib_docs.jsonl#693 from lane "
                      "chunks [1, 1, 1, 1, 1, 1, 1, 1] on (journaled)"]
