@@ -19,15 +19,6 @@ from zephon_core.integration.state_readers import load_checked_state
 from zephon_core.io.atomic import write_atomically
 
 
-def parse_document(text: str) -> tuple[str, int]:
-    """``SOURCE#N`` as ``(source, N)``; anything else is a CliError naming ``--document``."""
-    source, sep, number = text.rpartition("#")
-    if not sep or not source or not number.isdigit():
-        raise CliError(f"--document {text!r}: name a document as SOURCE#N (a source's name, a document number) "
-                       "or by its content hash (16 hex digits), as zephon ledger prints them")
-    return source, int(number)
-
-
 def resolve_hashes(hashes: list[str], p: Any, a: argparse.Namespace) -> list[tuple[str, int]]:
     """Every document whose content has one of ``hashes``: from ``--ledger``'s Parquet file, else one pass over the
     recipe's sources (a progress bar on stderr); each hash's documents are printed."""
@@ -49,13 +40,14 @@ def resolve_hashes(hashes: list[str], p: Any, a: argparse.Namespace) -> list[tup
 
 
 def run(a: argparse.Namespace) -> int:
-    from zephon_core.pipeline.surgery import quarantined_state
+    from zephon_core.pipeline.surgery import document_of, quarantined_state
     from zephon_core.verify.content_hashes import is_content_hash
 
     if not a.state.endswith(".json"):
         raise CliError(f"--state {a.state}: zephon quarantine edits a state's .json file")
     hashes = [d for d in a.document if is_content_hash(d)]
-    documents = [parse_document(d) for d in a.document if d not in hashes]
+    documents = [document_of(d, "--document", "or give its content hash (16 hex digits)")
+                 for d in a.document if d not in hashes]
     recipe = load(a.recipe)
     state = load_checked_state(a.state)
     C = int(state["canonical_replicas"])

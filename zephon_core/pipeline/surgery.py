@@ -74,12 +74,13 @@ def steps_of(text: str, where: str) -> tuple[int, int]:
     return a, b
 
 
-def document_of(text: str, where: str) -> tuple[str, int]:
-    """``SOURCE#N`` as ``(source, N)``; anything else is a ConfigError naming ``where``."""
+def document_of(text: str, where: str,
+                or_else: str = "zephon ledger ... --document HASH names a hash's documents") -> tuple[str, int]:
+    """``SOURCE#N`` as ``(source, N)``; anything else is a ConfigError naming ``where`` and ending with ``or_else``."""
     source, sep, number = text.rpartition("#")
     if not sep or not source or not number.isdigit():
         raise ConfigError(f"{where} {text!r}: name a document as SOURCE#N (a source's name, a document number), "
-                          "as zephon ledger prints it (zephon ledger ... --document HASH finds it from a hash)")
+                          f"as zephon ledger prints it; {or_else}")
     return source, int(number)
 
 
