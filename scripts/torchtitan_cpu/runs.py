@@ -19,9 +19,12 @@ GLOBAL_BATCH, LOCAL_BATCH, SEQ_LEN = 8, 2, 128
 
 def launch(version: str, nproc: int, dump: Path, *, steps: int = 6, extra: list[str] = (), loader: dict | None = None,
            resume_from: Path | None = None, check: bool = True, timeout: float = 900,
-           metrics: bool = False, source_loss: bool = False, mixing: bool = False) -> harness.RunResult:
+           metrics: bool = False, source_loss: bool = False, mixing: bool = False,
+           zephon_trainer: bool = False) -> harness.RunResult:
     """One torchrun launch of llama3's debug model fed by Zephon; batches logged per rank.
 
+    ``zephon_trainer`` (0.3): the recipe module's ``llama3_debugmodel_zephon`` (on ``ZephonTrainer``, which runs no
+    training for the steps a recipe's ``[surgery]`` skips) instead of llama3's own recipe.
     ``metrics``: Zephon's figures in TorchTitan's metrics, written to TensorBoard under ``dump/tb``.
     ``source_loss`` (0.3, with ``metrics``): the training loss per source too (``zephon/loss/<source>``).
     ``mixing`` (0.3, with ``source_loss``): the recipe's ``[mixing]`` steers the mixture.
@@ -42,7 +45,10 @@ def launch(version: str, nproc: int, dump: Path, *, steps: int = 6, extra: list[
         overrides = ["zephon_torchtitan.zephon_loader=" + json.dumps(loader_kwargs)]
         overrides += ["zephon_torchtitan.zephon_metrics"] if metrics else []
         overrides += ["zephon_torchtitan.zephon_source_loss"] if source_loss else []
-        args = ["--module", "llama3", "--config", "llama3_debugmodel", "--hf_assets_path", str(ASSETS), "--dump_folder", str(dump),
+        module, config = ("llama3", "llama3_debugmodel")
+        if zephon_trainer:
+            module, config = "zephon_torchtitan", "llama3_debugmodel_zephon"
+        args = ["--module", module, "--config", config, "--hf_assets_path", str(ASSETS), "--dump_folder", str(dump),
                 "--override.imports", *overrides,
                 "--training.mixed_precision_param", "float32", "--debug.seed", "0", "--metrics.log_freq", "1",
                 "--metrics.disable_color_printing", *common]
@@ -64,6 +70,15 @@ def best_fit_recipe(folder: Path) -> Path:
     text = RECIPE.read_text().replace('"../corpus/', f'"{ASSETS}/')
     out = folder / "tt_train_best_fit.toml"
     out.write_text(text.replace("canonical_replicas = 4", 'canonical_replicas = 4\npack_mode = "best_fit"\npack_window = 4'))
+    return out
+
+
+def surgery_recipe(folder: Path, skip_steps: str | None) -> Path:
+    """``RECIPE`` with a ``[surgery]`` table skipping ``skip_steps`` (``"A..B"``; None: without the table, the same
+    data), written into ``folder``."""
+    out = folder / f"tt_train_{'surgery' if skip_steps else 'plain'}.toml"
+    text = RECIPE.read_text().replace('"../corpus/', f'"{ASSETS}/')
+    out.write_text(f'{text}\n[surgery]\nskip_steps = ["{skip_steps}"]\n' if skip_steps else text)
     return out
 
 

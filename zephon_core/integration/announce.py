@@ -30,6 +30,20 @@ def lanes_line(global_rank: int, dp_rank: int, lanes: Sequence[int]) -> str:
     return f"zephon: rank {global_rank} (data-parallel rank {dp_rank}) reads lanes {list(lanes)}"
 
 
+def surgery_line(done: str, recipe: str) -> str:
+    """One entry of a recipe's ``[surgery]`` table journaled now (``apply_surgery``'s line for it): said once, when
+    it enters the loader state; a resume that finds it journaled says nothing."""
+    return f"zephon: {done}, from the [surgery] table of recipe {recipe}; journaled in the loader state"
+
+
+def skipped_steps_line(at: int, last: int) -> str:
+    """The trainer reached skipped global steps at step ``at``, skipped through ``last``: it runs no training for
+    them (said once a range; ``at`` is past the range's first step when a run resumes inside it)."""
+    steps = f"step {at}" if at == last else f"steps {at}..{last}"
+    return (f"zephon: {steps} skipped by the surgery journal: no forward/backward, optimizer or LR-scheduler step "
+            "(the lanes moved past their data; the step counter runs on)")
+
+
 def restored_line(state: Mapping[str, Any], *, dp_degree: int, step: int | None, batches_per_step: int | None) -> str:
     """Where a resumed loader state stood and onto which data-parallel degree it was restored.
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from zephon_core import Batch, Pipeline
+from zephon_core.checkpoint.surgery import Journal, Skip
 from zephon_core.integration import (
     Asked,
     Facts,
@@ -27,12 +28,15 @@ from zephon_core.integration import (
     audited,
     lanes_line,
     next_multiple,
+    parse_lanes,
     refuse,
     restored_line,
     startup_line,
     startup_plan,
 )
+from zephon_core.integration.announce import surgery_line
 from zephon_core.pipeline.mixing import MixingLoader
+from zephon_core.pipeline.surgery import apply_surgery
 from zephon_torchtitan.settings import (
     DEFAULT_STATE_CAPACITY as DEFAULT_STATE_CAPACITY,  # re-exported beside the slot it sizes
 )
@@ -45,6 +49,10 @@ IGNORE_INDEX = -100
 STATE_KEY = "zephon_state"
 #: TorchTitan logs through the root logger: this child's records print among its own lines.
 LOG = logging.getLogger("zephon_torchtitan")
+#: Why a plain TorchTitan 0.3 Trainer cannot take a journal that skips steps ahead, and the fix.
+PLAIN_TRAINER = ("TorchTitan's Trainer would train the batches after them as those steps (its step numbers would "
+                 "shift); run the job on zephon_torchtitan.ZephonTrainer (--module zephon_torchtitan, or return "
+                 "zephon_torchtitan.config_registry.on_zephon_trainer(cfg) from your recipe function)")
 
 class TokenizerAdapter:
     """Encodes with a TorchTitan tokenizer; batch-encodes through its ``tokenizers.Tokenizer``."""
@@ -173,6 +181,11 @@ class ZephonStream:
         #: The recipe's ``[mixing]`` steering this stream's mixture (``mixing``; ``zephon_torchtitan.steering``).
         self.mixing = self._mixing_loader(settings.recipe) if mixing and not validation else None
         self._iter: Iterator[Any] | None = None
+        #: Whether the recipe's ``[surgery]`` table is applied (a validation stream has none to apply).
+        self._surgery_applied = validation
+        #: Why a journal that skips steps ahead is refused at the first batch; None: the trainer runs no training
+        #: for a skipped step (``ZephonTrainer``), so the lanes' skip keeps its step numbers.
+        self.skips_refused: str | None = PLAIN_TRAINER
         if not validation:
             _TRAINING_STREAM["latest"] = weakref.ref(self)
             self._announce()
@@ -204,6 +217,8 @@ class ZephonStream:
             raise IntegrationError("zephon: in live mode the trainer takes each step's batches from the live lanes, "
                                    "not by iterating the loader")
         if self._iter is None:
+            self.surgery()  # a fresh run's table, before its first batch
+            self.refuse_skips_ahead()
             # The MixingLoader itself: it follows each decision's rebuilt pipeline.
             self._iter = iter(self.mixing if self.mixing is not None else self._built)
         for b in audited(self._iter, coordination_identity()[1]):
@@ -229,6 +244,41 @@ class ZephonStream:
         if coordination_identity()[1] == 0:
             LOG.info(restored_line(state, dp_degree=self.plan.facts.dp_degree, step=None,
                                    batches_per_step=self.batches_per_step))
+        self.surgery()
+
+    # -- surgery (docs/when_a_run_goes_wrong.md) -------------------------------------
+    def surgery(self) -> Journal:
+        """The pipeline's surgery journal, with the recipe's ``[surgery]`` table journaled into it the first time:
+        after ``load_state_dict``'s restore, or before the first batch (or step) of a fresh run. What the journal
+        holds already (a later resume with the table still in the recipe) is not journaled again."""
+        if not self._surgery_applied:
+            self._surgery_applied = True
+            request = self.plan.recipe.surgery()
+            if request.skips and not self.batches_per_step:
+                raise IntegrationError(f"zephon: {request.where}: skip_steps needs the batches per optimizer step, "
+                                       "which this loader was not told; use --module zephon_torchtitan (ZephonTrainer)")
+            for done in apply_surgery(self.pipeline, request, self.batches_per_step or 1) if request else ():
+                if coordination_identity()[1] == 0:
+                    LOG.info(surgery_line(done, self.plan.recipe.path))
+        return self.pipeline.surgery
+
+    def skip_at(self, step: int) -> Skip | None:
+        """The journal's skip that leaves out global step ``step`` (None: it trains)."""
+        return self.surgery().skip_at(step)
+
+    def skips_ahead(self) -> list[Skip]:
+        """The journal's skips that this rank's lanes have not yet moved past."""
+        lanes = parse_lanes(self.pipeline.local_state())
+        behind = min((ls.delivered for ls in lanes.values()), default=0)
+        return [s for s in self.surgery().skips if s.lane_batches().stop > behind]
+
+    def refuse_skips_ahead(self) -> None:
+        """Refuse (one line) a journal that skips steps ahead when ``skips_refused`` says the trainer cannot."""
+        if self.skips_refused is not None:
+            ahead = self.skips_ahead()
+            if ahead:
+                raise IntegrationError(f"zephon: the loader state's surgery journal skips {ahead[0]}, but "
+                                       f"{self.skips_refused}")
 
 
 #: The training stream this process built last (TorchTitan builds one training loader per process),

@@ -273,6 +273,8 @@ class ZephonFTTrainer(FaultTolerantTrainer):
     def _start_live(self) -> None:
         """Live lanes from the pipeline as the checkpoint (if any) left it; torchft may replace them when healing."""
         stream = self.stream
+        stream.skips_refused = "live mode (torchft) trains every step; resume under --module zephon_torchtitan"
+        stream.refuse_skips_ahead()
         ident = stream.pipeline.identity
         live = LiveLanes(stream.pipeline, batches_per_lane(stream.batches_per_step, ident.canonical_replicas))
         self._live = LiveData(live, self.ft_manager.manager, slots=ident.dp_degree)

@@ -30,6 +30,10 @@ from zephon_torchtitan.metrics import MetricsLogging, TrainingMetrics
 from zephon_torchtitan.settings import Settings, settings_of
 
 BASE_MODELS = ("llama3", "llama4", "qwen3", "deepseek_v3")
+#: TorchTitan 0.2's Trainer trains every step it counts: a skip would shift its step numbers, so it is refused.
+SKIPS_022 = ("TorchTitan 0.2's trainer cannot leave a step untrained (its step numbers would shift); resume that "
+             "checkpoint under TorchTitan 0.3 with --module zephon_torchtitan (ZephonTrainer), or take the skip out "
+             "of the recipe's [surgery] table")
 
 
 @dataclass(kw_only=True)
@@ -76,17 +80,17 @@ def build_zephon_dataloader(dp_world_size: int, dp_rank: int, tokenizer: Any, jo
     training = job_config.training
     local = training.local_batch_size
     global_batch = training.global_batch_size if training.global_batch_size > 0 else local * dp_world_size
-    return ZephonDataLoader022(
-        ZephonStream(
-            settings_from(job_config),
-            dp_world_size=dp_world_size,
-            dp_rank=dp_rank,
-            tokenizer=tokenizer,
-            seq_len=training.seq_len,
-            local_batch_size=local,
-            batches_per_step=global_batch // local,
-        )
+    stream = ZephonStream(
+        settings_from(job_config),
+        dp_world_size=dp_world_size,
+        dp_rank=dp_rank,
+        tokenizer=tokenizer,
+        seq_len=training.seq_len,
+        local_batch_size=local,
+        batches_per_step=global_batch // local,
     )
+    stream.skips_refused = SKIPS_022
+    return ZephonDataLoader022(stream)
 
 
 class ZephonValidator(Validator):

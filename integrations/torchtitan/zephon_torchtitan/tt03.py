@@ -23,6 +23,7 @@ the training loader this process built (``zephon_torchtitan.metrics``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,8 +35,10 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.config.override import derive
 from torchtitan.trainer import Trainer
 
+from zephon_core.checkpoint.surgery import Skip
 from zephon_core.integration import IntegrationError, warn_unknown_step_size
-from zephon_torchtitan.core import StreamLoader, ZephonStream, coordination_identity, training_stream
+from zephon_core.integration.announce import skipped_steps_line
+from zephon_torchtitan.core import LOG, StreamLoader, ZephonStream, coordination_identity, training_stream
 from zephon_torchtitan.metrics import MetricsLogging, TrainingMetrics
 from zephon_torchtitan.settings import Settings, settings_of
 from zephon_torchtitan.source_loss import SourceLossTally
@@ -122,6 +125,10 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
             source_loss=config.source_loss,
             mixing=config.mixing,
         )
+        if config.replica_group >= 0 and self._stream.plan.recipe.surgery():
+            raise IntegrationError(f"zephon: {self._stream.plan.recipe.path}: a [surgery] table is not supported in "
+                                   "live mode (torchft), whose trainer trains every step; take the table out, or "
+                                   "resume the surgery's steps under --module zephon_torchtitan without torchft")
 
 
 def fill_batch_sizes(config: Trainer.Config) -> None:
@@ -133,10 +140,13 @@ def fill_batch_sizes(config: Trainer.Config) -> None:
 
 
 class ZephonTrainer(Trainer):
-    """TorchTitan's Trainer, telling Zephon loaders the job's batch sizes before it builds them.
+    """TorchTitan's Trainer, telling Zephon loaders the job's batch sizes before it builds them, and running no
+    training for a global step its loader's surgery journal skips (docs/when_a_run_goes_wrong.md).
 
-    Return ``ZephonTrainer.Config`` from a recipe function (``config_registry``)
-    to use it; everything else is TorchTitan's.
+    A skipped step still counts (``self.step`` runs on, as Megatron's ``--iterations-to-skip`` does) and is still
+    checkpointed as TorchTitan checkpoints any step; it has no forward/backward, no optimizer or LR-scheduler step
+    and takes no batch: the lanes move past its data themselves. Return ``ZephonTrainer.Config`` from a recipe
+    function (``config_registry``) to use it; everything else is TorchTitan's.
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -149,6 +159,19 @@ class ZephonTrainer(Trainer):
         if isinstance(loader, ZephonDataLoader.Config) and loader.source_loss:
             config.loss = with_source_loss(config.loss)
         super().__init__(config)
+        self._zephon = self.dataloader._stream if isinstance(self.dataloader, ZephonDataLoader) else None
+        if self._zephon is not None:
+            self._zephon.skips_refused = None  # train_step below runs no training for skipped steps
+        self._zephon_skip: Skip | None = None  # the skip last announced: one line a range
+
+    def train_step(self, data_iterator: Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]) -> None:
+        skip = self._zephon.skip_at(self.step) if self._zephon is not None else None
+        if skip is None:
+            super().train_step(data_iterator)
+            return
+        if skip != self._zephon_skip and coordination_identity()[1] == 0:
+            LOG.info(skipped_steps_line(self.step, skip.last))
+        self._zephon_skip = skip
 
 
 class ZephonMetricsProcessor(MetricsLogging, MetricsProcessor):

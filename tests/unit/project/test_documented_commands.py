@@ -44,6 +44,11 @@ RULES: list[tuple[str, str, str]] = [
     (r"^python -m zephon_megatron\.cpu$", "test",
      "tests/e2e/test_first_run.py::test_megatron_on_a_laptop_trains_checkpoints_and_resumes_on_another_dp"),
     (r"--job\.config_file configs/torchtitan/", "test", "tests/e2e/test_first_run.py::test_torchtitan_022_job_file_runs_as_written"),
+    # docs/when_a_run_goes_wrong.md's TorchTitan rollback with a [surgery] table and its ledger (the e2e run's paths).
+    (r"--checkpoint\.load_step", "test", "tests/e2e/test_surgery_torchtitan_e2e.py::"
+     "test_the_skipped_steps_train_nothing_and_the_next_ones_hold_what_they_held"),
+    (r"^zephon ledger .* --framework torchtitan", "test",
+     "tests/e2e/test_surgery_torchtitan_e2e.py::test_the_ledger_agrees_with_the_audit_logs_on_every_step"),
     (r"--module zephon_torchtitan --config", "test", "tests/e2e/test_first_run.py::test_torchtitan_recipe_module_command_runs_as_written"),
     (r"^zephon inspect <dump>/checkpoint/step-N$", "test", "tests/e2e/test_first_run.py::test_torchtitan_022_job_file_runs_as_written"),
     # The same overrides on llama3's debug model (llama3_8b does not fit a CPU).

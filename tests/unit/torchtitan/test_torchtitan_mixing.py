@@ -78,3 +78,24 @@ def test_mixing_is_refused_without_a_mixing_table_without_source_loss_or_in_live
     with pytest.raises(IntegrationError, match=r"not supported in live mode \(torchft\)"):
         _loader(tok, steered_recipe(tmp_path), source_loss=True, mixing=True, replica_group=0)
     assert _loader(tok, steered_recipe(tmp_path))._stream.mixing is None, "the table alone steers nothing"
+
+
+def test_a_recipes_skip_holds_across_a_decision(tok, tmp_path):
+    """``[surgery]`` with ``[mixing]``: the skip is journaled into the pipeline the run delivers from, and the
+    pipeline a decision rebuilds keeps it (``Pipeline.switched`` carries the journal): after step 2's decision, the
+    run that skips step 3 delivers what the run without the skip delivers as step 4."""
+    recipe = steered_recipe(tmp_path)
+    skipping = tmp_path / "skipping.toml"
+    skipping.write_text(recipe.read_text() + '\n[surgery]\nskip_steps = ["3..3"]\n')
+    after = []
+    for r in (recipe, skipping):
+        loader = _loader(tok, r, source_loss=True, mixing=True)
+        loader._stream.skips_refused = None  # as ZephonTrainer sets it
+        it = iter(loader)
+        for step in (1, 2):
+            for _ in range(4):
+                next(it)
+            steer(loader._stream.mixing, _figures(step), None)
+        after.append([next(it)[1].tolist() for _ in range(8 if r == recipe else 4)])
+        assert len(loader._stream.mixing.journal.decisions) == 1
+    assert after[1] == after[0][4:]
