@@ -1,4 +1,5 @@
-"""``zephon ledger``: what a run trained on, step -> documents and document -> steps, from its checkpoint."""
+"""``zephon ledger``: what a run trained on, step -> documents and document -> steps, from its checkpoint and, when
+their lines say each batch's rows, its batch audit logs alone (no corpus read, no tokenizer)."""
 
 from __future__ import annotations
 
@@ -8,43 +9,57 @@ from typing import Any
 
 from zephon_core.cli.options import add_shape_options, load, pipeline
 from zephon_core.errors import CliError
-from zephon_core.integration.batch_log import read_batch_log
 from zephon_core.integration.state_readers import load_checked_state
 
 
-def run(a: argparse.Namespace) -> int:
+def _build(a: argparse.Namespace, recipe: Any, state: Any, B: int, logged: list[Any]) -> Any:
+    """From the logs when they carry rows (and ``--replay`` is not given), else by replay."""
     from zephon_core.verify.ledger import build_ledger
+    from zephon_core.verify.ledger_logs import carry_rows, ledger_from_logs
+
+    if logged and not a.replay and carry_rows(logged):
+        return ledger_from_logs(logged, state, B, recipe.sources(), a.dp_degree)
+    C = int(state["canonical_replicas"])
+    return build_ledger(lambda: pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0),
+                        state, B, a.dp_degree)
+
+
+def run(a: argparse.Namespace) -> int:
+    from zephon_core.report.inputs import read_logs
 
     recipe = load(a.recipe)
     state = load_checked_state(a.state)
-    C = int(state["canonical_replicas"])
-    B = a.batches_per_step or C
-    ledger = build_ledger(lambda: pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0),
-                          state, B, a.dp_degree)
+    paths = sorted(p for pattern in a.logs or () for p in glob.glob(pattern))
+    if a.logs and not paths:
+        raise CliError(f"--logs {' '.join(a.logs)}: no such file")
+    logged = read_logs(paths)
+    ledger = _build(a, recipe, state, a.batches_per_step or int(state["canonical_replicas"]), logged)
     steps = int(ledger.columns["step"].max()) if len(ledger) else 0
+    how = (f"from the batch audit logs ({len(paths)} files; no corpus read)" if ledger.built == "logs" else
+           "by replay (the corpus read and tokenized again)")
     print(f"{a.state}: {len(ledger.digests)} batches, {steps} steps, {len(ledger)} rows, "
-          f"{len(ledger.hashes)} documents")
+          f"{len(ledger.documents())} documents; built {how}")
     if a.step is not None:
         print(f"step {a.step}: lane batch rank row  source#document[start:stop] hash")
         for lane, index, rank, row, source, doc, start, stop, h in ledger.rows_of(a.step):
             print(f"  {lane} {index} {rank} {row}  {source}#{doc}[{start}:{stop}] {h}")
     for s, d in (key for name in a.document or () for key in ledger.documents_of(name)):
         found = ledger.steps_of(s, d)
-        print(f"{ledger.sources[s]}#{d} ({ledger.hashes.get((s, d), 'not trained on')}): "
+        print(f"{ledger.sources[s]}#{d} ({ledger.hash_of(s, d) if found else 'not trained on'}): "
               f"steps {', '.join(map(str, found)) or 'none'}")
     if a.parquet:
         ledger.write_parquet(a.parquet)
         print(f"wrote {a.parquet}")
-    if a.logs:
-        paths = sorted(p for pattern in a.logs for p in glob.glob(pattern))
-        if not paths:
-            raise CliError(f"--logs {' '.join(a.logs)}: no such file")
-        problems = ledger.check_logs((b.lane, b.lane_index, b.digest) for p in paths for b in read_batch_log(p))
-        for problem in problems:
-            print(f"  LOG: {problem}")
-        print(f"batch logs ({len(paths)} files): " + ("differ" if problems else "every batch agrees"))
-        return 1 if problems else 0
-    return 0
+    if not logged:
+        return 0
+    if ledger.extras:
+        print(f"  {len(ledger.extras)} logged batch(es) are not the state's (trained after it was taken, or in a "
+              f"skipped step), first {ledger.extras[0]}")
+    problems = [] if ledger.built == "logs" else ledger.check_logs(logged)
+    for problem in problems:
+        print(f"  LOG: {problem}")
+    print(f"batch logs ({len(paths)} files): " + ("differ" if problems else "every batch agrees"))
+    return 1 if problems else 0
 
 
 def register(sub: Any) -> None:
@@ -57,7 +72,11 @@ def register(sub: Any) -> None:
     p.add_argument("--step", type=int, help="print the rows of this global step (from 1)")
     p.add_argument("--document", action="append", help="SOURCE#N or a content hash: print the steps that trained "
                                                        "on it (repeatable)")
-    p.add_argument("--logs", nargs="+", help="batch audit logs (globs) to compare with, batch by batch")
+    p.add_argument("--logs", nargs="+", help="the run's batch audit logs (globs): the ledger is built from them when "
+                                             "their lines say each batch's rows, and they are checked batch by batch")
+    p.add_argument("--replay", action="store_true",
+                   help="build by replay (reading and tokenizing the corpus again) even when the logs say the rows, "
+                        "and compare the logs with it")
     p.add_argument("--parquet", help="write the whole ledger to this Parquet file")
     add_shape_options(p)
     p.set_defaults(fn=run)

@@ -3,15 +3,23 @@
 ``ZEPHON_BATCH_LOG=/path/batches-{rank}.log`` (``{rank}`` is replaced by the
 caller's rank) makes the framework adapters append, for every delivered batch::
 
-    lane lane_index digest stage tokens documents
+    lane lane_index digest stage tokens documents rows
 
 ``stage`` is the curriculum stage the batch counts in; ``tokens`` and
 ``documents`` are ``source:count`` pairs joined by commas (``-`` for none):
 tokens of each source in the batch's rows, and documents whose first token is
-in them. The global step of a batch is
+in them. ``rows`` says which documents the batch held (its ``Batch.segments``):
+the rows joined by ``/`` (row 0 first), each row's stretches joined by ``,``, a
+stretch being ``source.document.start.stop`` (the document's tokens
+``[start, stop)`` in that row; ``-`` for a batch without any), so
+``0.12.0.41,1.7.0.88/1.7.88.217`` is row 0 holding document 12 of source 0 and
+the first 88 tokens of document 7 of source 1, row 1 the next 129 of it; the
+ledger (``verify.ledger_logs``) is built from these without reading the corpus.
+The global step of a batch is
 ``lane_index // (batches_per_step / canonical_replicas)`` on every topology,
 so logs of runs on different numbers of ranks compare step by step.
-Lines of the first format (``lane lane_index digest``) are still read.
+Lines of the earlier formats (``lane lane_index digest``, and the six fields
+before ``rows``) are still read; their ``rows`` is empty.
 
 An adapter wraps the batches it trains on in ``audited(batches, rank)``, which logs each one as it
 is taken, and is the one writer of the log: items that are not batches themselves (a live step's
@@ -24,6 +32,7 @@ first format. ``read_batch_log`` reads a log back.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TextIO, TypeVar
@@ -90,7 +99,8 @@ def audited(items: Iterable[T], rank: int, *,
 
 
 class LoggedBatch(NamedTuple):
-    """One line of a batch audit log; ``stage`` is -1 and the counts empty in a line of the first format."""
+    """One line of a batch audit log; ``stage`` is -1 and the counts empty in a line of the first format, ``rows``
+    empty in a line of the first two (kept as the line's text: most readers never decode it)."""
 
     lane: int
     lane_index: int
@@ -98,6 +108,12 @@ class LoggedBatch(NamedTuple):
     stage: int
     tokens: dict[int, int]
     documents: dict[int, int]
+    rows: str = ""
+
+    def stretches(self) -> np.ndarray:
+        """The batch's ``(row, source, document, start, stop)`` stretches, as ``Batch.segments`` held them (none
+        for a line that does not say)."""
+        return decode_rows([self.rows], [""]).reshape(-1, 5)
 
     @classmethod
     def identity(cls, lane: int, lane_index: int, digest: str) -> LoggedBatch:
@@ -110,6 +126,35 @@ def _pairs(counts: np.ndarray) -> str:
     return ",".join(f"{s}:{int(counts[s])}" for s in nz.tolist()) or "-"
 
 
+def encode_rows(segments: np.ndarray) -> str:
+    """The ``rows`` field of a batch's segments (the module docstring says the form)."""
+    if not len(segments):
+        return "-"
+    rows: list[list[str]] = [[] for _ in range(int(segments[:, 0].max()) + 1)]
+    for r, s, d, a, b in segments.tolist():
+        rows[r].append(f"{s}.{d}.{a}.{b}")
+    return "/".join(",".join(row) for row in rows)
+
+
+_STRETCHES = r"(?:\d+\.\d+\.\d+\.\d+(?:,\d+\.\d+\.\d+\.\d+)*)?"
+_ROWS = re.compile(rf"-|{_STRETCHES}(?:/{_STRETCHES})*")
+
+
+def decode_rows(rows: Iterable[str], heads: Iterable[str]) -> np.ndarray:
+    """The stretches of many ``rows`` fields as one flat int64 array, each stretch
+    ``head... row source document start stop`` (``head``: that field's leading numbers, each followed by a space,
+    e.g. its step and lane). One text parse for all of them: the ledger reads a run's logs at this speed."""
+    parts = []
+    for text, head in zip(rows, heads):
+        if text and text != "-":
+            for r, row in enumerate(text.split("/")):
+                if row:
+                    parts.append(f"{head}{r} " + row.replace(",", f" {head}{r} "))
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    return np.fromstring(" ".join(parts).replace(".", " "), dtype=np.int64, sep=" ")
+
+
 def log_line(batch: Batch | LoggedBatch) -> str:
     """The audit line of one delivered batch; of a ``LoggedBatch`` without a stage (a batch's identity alone,
     as a peer receives it), a line of the first format."""
@@ -117,11 +162,13 @@ def log_line(batch: Batch | LoggedBatch) -> str:
         if batch.stage < 0:
             return f"{batch.lane} {batch.lane_index} {batch.digest}\n"
         logged = [",".join(f"{s}:{n}" for s, n in counts.items()) or "-" for counts in (batch.tokens, batch.documents)]
-        return f"{batch.lane} {batch.lane_index} {batch.digest} {batch.stage} {logged[0]} {logged[1]}\n"
+        rows = f" {batch.rows}" if batch.rows else ""
+        return f"{batch.lane} {batch.lane_index} {batch.digest} {batch.stage} {logged[0]} {logged[1]}{rows}\n"
     seg = batch.segments
     tokens = np.bincount(seg[:, 1], weights=seg[:, 4] - seg[:, 3]) if len(seg) else np.zeros(0)
     documents = np.bincount(seg[seg[:, 3] == 0, 1]) if len(seg) else np.zeros(0)
-    return f"{batch.lane} {batch.lane_index} {batch.digest} {batch.stage} {_pairs(tokens)} {_pairs(documents)}\n"
+    return (f"{batch.lane} {batch.lane_index} {batch.digest} {batch.stage} {_pairs(tokens)} {_pairs(documents)} "
+            f"{encode_rows(seg)}\n")
 
 
 def _parse_pairs(text: str) -> dict[int, int]:
@@ -130,19 +177,26 @@ def _parse_pairs(text: str) -> dict[int, int]:
     return {int(s): int(n) for s, n in (pair.split(":") for pair in text.split(","))}
 
 
-def parse_line(line: str, where: str = "batch log") -> LoggedBatch:
-    """One audit line (either format); a malformed line is a ``DataError`` naming ``where``."""
+def _parsed(line: str) -> LoggedBatch | None:
     fields = line.split()
     try:
         if len(fields) == 3:
             return LoggedBatch(int(fields[0]), int(fields[1]), fields[2], -1, {}, {})
-        if len(fields) == 6:
+        if len(fields) in (6, 7) and (len(fields) == 6 or _ROWS.fullmatch(fields[6])):
             return LoggedBatch(int(fields[0]), int(fields[1]), fields[2], int(fields[3]), _parse_pairs(fields[4]),
-                               _parse_pairs(fields[5]))
+                               _parse_pairs(fields[5]), fields[6] if len(fields) == 7 else "")
     except ValueError:
         pass
-    raise DataError(f"{where}: not a batch audit line (want 'lane lane_index digest stage tokens documents'): "
-                    f"{line.strip()[:80]!r}")
+    return None
+
+
+def parse_line(line: str, where: str = "batch log") -> LoggedBatch:
+    """One audit line (any format); a malformed line is a ``DataError`` naming ``where``."""
+    batch = _parsed(line)
+    if batch is None:
+        raise DataError(f"{where}: not a batch audit line (want 'lane lane_index digest stage tokens documents rows'): "
+                        f"{line.strip()[:80]!r}")
+    return batch
 
 
 def read_batch_log(path: str | os.PathLike[str]) -> Iterator[LoggedBatch]:
@@ -150,4 +204,5 @@ def read_batch_log(path: str | os.PathLike[str]) -> Iterator[LoggedBatch]:
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
-                yield parse_line(line, f"{Path(path).name} line {n}")
+                batch = _parsed(line)
+                yield batch if batch is not None else parse_line(line, f"{Path(path).name} line {n}")

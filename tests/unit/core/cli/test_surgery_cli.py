@@ -89,9 +89,41 @@ def test_the_documented_commands_run_as_written(run_folder, tmp_path):
     assert "stdlib_docs.jsonl#693 (" in "".join(outputs) and "every batch agrees" in outputs[-2]
     assert "a1836a026bfdfe68: stdlib_docs.jsonl#155\n" in "".join(outputs)  # the quarantine's hash, resolved
     assert "surgery journal of run/state.json, applied on both topologies" in "".join(outputs)  # verify-elastic
+    ledgers = [out for c, out in zip(PAGE_COMMANDS, outputs) if c.text.startswith("zephon ledger")]
+    assert all("built from the batch audit logs (2 files; no corpus read)" in out for out in ledgers[:-1])
+    assert "built by replay" in ledgers[-1] and "--replay" in PAGE_COMMANDS[outputs.index(ledgers[-1])].text
+    assert ledgers[0].count("stdlib_docs.jsonl#") >= 16  # step 2: 8 batches of 2 rows, a stretch or more a row
     ranked = [line.split()[-1] for line in outputs[-1].splitlines()[1:]]  # zephon blame: token-weighted means
     assert ranked == ["stdlib_docs.jsonl#693", "stdlib_docs.jsonl#40", "stdlib_docs.jsonl#12"]
     assert (tmp_path / "run" / "ledger.parquet").stat().st_size > 0
+
+
+def test_the_ledger_from_logs_refuses_a_missing_or_altered_line_naming_it(run_folder, tmp_path):
+    """The logs are the ledger's only input then: a batch the state holds that no log has, or one logged twice
+    with two digests, is refused in one line; ``--replay`` compares the logs with the recipe's batches."""
+    lines = (run_folder / "run" / "batches-1.log").read_text().splitlines(keepends=True)
+    lane, index = lines[3].split()[:2]
+    (tmp_path / "batches-0.log").write_bytes((run_folder / "run" / "batches-0.log").read_bytes())
+    args = ("ledger", str(DEMO), "--state", str(run_folder / "run" / "state.json"), "--batches-per-step", "8",
+            "--logs", str(tmp_path / "batches-*.log"))
+    (tmp_path / "batches-1.log").write_text("".join(lines[:3] + lines[4:]))
+    r = zephon(*args)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"lane {lane} batch {index} (step {int(index) + 1}) is in no log" in r.stderr  # a lane's batch a step
+    fields = lines[3].split()
+    fields[2] = "0" * 32
+    (tmp_path / "batches-9.log").write_text(" ".join(fields) + "\n")
+    (tmp_path / "batches-1.log").write_text("".join(lines))
+    r = zephon(*args)
+    assert r.returncode == 1 and f"lane {lane} batch {index}: its digest in batches-1.log and in batches-9.log" \
+        in r.stderr, r.stderr
+    (tmp_path / "batches-9.log").unlink()
+    fields = lines[3].split()
+    fields[6] = fields[6].replace(".", ".1", 1)  # its first stretch names another document
+    (tmp_path / "batches-1.log").write_text("".join(lines[:3] + [" ".join(fields) + "\n"] + lines[4:]))
+    r = zephon(*args, "--replay")
+    assert r.returncode == 1 and f"LOG: lane {lane} batch {index} (batches-1.log): the log's rows are not the " \
+        "ledger's" in r.stdout, r.stdout + r.stderr
 
 
 def test_blame_refuses_a_line_that_is_not_a_loss_line(tmp_path):

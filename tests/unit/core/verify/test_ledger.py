@@ -1,18 +1,24 @@
 """The ledger (issue #35): its answers equal what the ranks trained on, batch by batch and step by step, through
-resizes and a skip; document -> steps is the inverse of step -> documents; Parquet holds the same rows."""
+resizes and a skip; built from the audit logs it equals the ledger by replay row for row, and a log line removed
+or altered is refused naming it; document -> steps is the inverse of step -> documents; Parquet holds the same
+rows."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_core import MemorySource, Pipeline, StaticMixture
 from zephon_core.checkpoint.state import skip_in_state
+from zephon_core.errors import DataError
 from zephon_core.integration.batch_log import log_line, parse_line
-from zephon_core.verify.ledger import build_ledger, content_hash
+from zephon_core.verify.ledger import COLUMNS, build_ledger, content_hash
+from zephon_core.verify.ledger_logs import ledger_from_logs
 from zephon_core.verify.simulate import Phase, run_phase
 
 DOCS = [[1 + i % 7] * (3 + i % 5) for i in range(60)]
@@ -26,7 +32,8 @@ def _make(dp_degree: int, dp_group_id: int) -> Pipeline:
 
 
 def _run(phases: list[tuple[int, int]], B: int, skip: tuple[int, int] | None):
-    """The run's trained (step, lane, lane_index, rows' segments) and audit lines, and its last state."""
+    """The run's trained (step, lane, lane_index, rows' segments), audit lines as ``(file, line)`` (a file a phase
+    and group), and its last state."""
     trained, lines, state = [], [], None
     done = 0
     for n, (G, steps) in enumerate(phases):
@@ -34,7 +41,7 @@ def _run(phases: list[tuple[int, int]], B: int, skip: tuple[int, int] | None):
             state = skip_in_state(json.loads(json.dumps(state)), done + 1 + skip[0], done + 1 + skip[1], B)
         def on_batch(gid, b):
             trained.append((b.lane_index // (B // C) + 1, b.lane, b.lane_index, b.segments.tolist()))
-            lines.append(log_line(b))
+            lines.append((f"phase{n}-batches-{gid}.log", log_line(b)))
         _, state = run_phase(_make, Phase(G, steps), B, state, on_batch=on_batch)
         done += steps if n == 0 else 0
     return trained, lines, state
@@ -48,9 +55,12 @@ def test_the_ledger_answers_what_the_ranks_trained_on_at_every_step(phases, per_
     skip = None if skip is None or skip[0] > skip[1] else skip
     trained, lines, state = _run(phases, B, skip)
     ledger = build_ledger(lambda: _make(1, 0), state, B)
-    logged = [parse_line(line) for line in lines]
-    assert ledger.check_logs((b.lane, b.lane_index, b.digest) for b in logged) == []
+    logged = [(where, parse_line(line)) for where, line in lines]
+    assert ledger.check_logs(logged) == []
     assert len(ledger.digests) == len(logged)
+    from_logs = ledger_from_logs(logged, state, B, [_source()])
+    assert from_logs.built == "logs" and from_logs.extras == [] and from_logs.digests == ledger.digests
+    assert _table(from_logs).tolist() == _table(ledger).tolist()  # row for row, in the same order
     for step in {t[0] for t in trained}:
         want = sorted((lane, index, *seg) for s, lane, index, segs in trained if s == step for seg in segs)
         got = sorted((r[0], r[1], r[3], 0, r[5], r[6], r[7]) for r in ledger.rows_of(step))
@@ -60,18 +70,63 @@ def test_the_ledger_answers_what_the_ranks_trained_on_at_every_step(phases, per_
     assert set(ledger.columns["step"].tolist()) == {t[0] for t in trained}  # skipped steps are not in it
 
 
+def _source() -> MemorySource:
+    return MemorySource(DOCS, name="m")
+
+
+def _table(ledger) -> np.ndarray:
+    return np.stack([ledger.columns[k] for k in COLUMNS], axis=1)
+
+
 def test_a_wrong_log_line_and_a_missing_log_are_named():
     trained, lines, state = _run([(2, 2)], C, None)
     ledger = build_ledger(lambda: _make(1, 0), state, C)
-    logged = [parse_line(line) for line in lines]
-    bad = [(b.lane, b.lane_index, "0" * 32 if n == 3 else b.digest) for n, b in enumerate(logged)]
+    logged = [(where, parse_line(line)) for where, line in lines]
+    bad = [(w, b._replace(digest="0" * 32) if n == 3 else b) for n, (w, b) in enumerate(logged)]
     problems = ledger.check_logs(bad[:-1])
     assert any("digest 000" in p for p in problems) and any("in no log" in p for p in problems)
 
 
-def test_parquet_holds_every_row_with_its_source_name_and_hash(tmp_path):
-    _, _, state = _run([(2, 3)], C, None)
+def _edited(line: str, field: int, value: str) -> str:
+    fields = line.split()
+    fields[field] = value
+    return " ".join(fields) + "\n"
+
+
+def test_a_log_line_removed_or_altered_is_refused_naming_it():
+    _, lines, state = _run([(2, 2)], C, None)
+    logs = [(where, parse_line(line)) for where, line in lines]
+    where, b = logs[5]
+    with pytest.raises(DataError, match=f"lane {b.lane} batch {b.lane_index} .*is in no log"):
+        ledger_from_logs(logs[:5] + logs[6:], state, C, [_source()])
+    rows = b.rows.replace(".", ".1", 1)  # its first stretch names another document
+    moved = parse_line(_edited(lines[5][1], 6, rows))
     ledger = build_ledger(lambda: _make(1, 0), state, C)
+    assert ledger.check_logs(logs[:5] + [(where, moved)] + logs[6:]) == [
+        f"lane {b.lane} batch {b.lane_index} ({where}): the log's rows are not the ledger's"]
+    for field, value, what in ((6, rows, "rows"), (2, "f" * 32, "digest")):
+        copy = ("rank9.log", parse_line(_edited(lines[5][1], field, value)))  # a peer logged it too, altered
+        with pytest.raises(DataError, match=f"lane {b.lane} batch {b.lane_index}: its {what} in {where} and in "
+                                            "rank9.log differ"):
+            ledger_from_logs(logs + [copy], state, C, [_source()])
+    later = ("rank9.log", parse_line(_edited(lines[5][1], 1, "99")))  # past the state: left out, named
+    assert ledger_from_logs(logs + [later], state, C, [_source()]).extras == [f"lane {b.lane} batch 99 (rank9.log)"]
+
+
+def test_a_batch_logged_by_several_ranks_or_by_its_identity_alone_counts_once():
+    _, lines, state = _run([(2, 2)], C, None)
+    logs = [(where, parse_line(line)) for where, line in lines]
+    peers = [("peer.log", b._replace(stage=-1, tokens={}, documents={}, rows="")) for _, b in logs]
+    ledger = ledger_from_logs(peers + logs + logs, state, C, [_source()])
+    assert _table(ledger).tolist() == _table(build_ledger(lambda: _make(1, 0), state, C)).tolist()
+    with pytest.raises(DataError, match="only in lines that do not say its rows"):
+        ledger_from_logs(peers, state, C, [_source()])
+
+
+def test_parquet_holds_every_row_with_its_source_name_and_hash(tmp_path):
+    _, lines, state = _run([(2, 3)], C, None)
+    ledger = ledger_from_logs([(w, parse_line(line)) for w, line in lines], state, C, [_source()])
+    assert not ledger._hashes  # no document is read until a hash is asked for
     ledger.write_parquet(str(tmp_path / "l.parquet"))
     table = pq.read_table(tmp_path / "l.parquet").to_pydict()
     assert len(table["step"]) == len(ledger)
