@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pytest
 from harnesses import load
+from support.ledger_runs import ledger_both_ways
 from support.tensorboard_events import scalars
 
 from zephon_core.integration.batch_log import read_batch_log
@@ -111,6 +112,7 @@ def runs(tmp_path_factory):
         cache[name] = r
         return r
 
+    get.assets = assets  # type: ignore[attr-defined]
     return get
 
 
@@ -134,6 +136,16 @@ def test_tensor_parallel_peers_train_on_identical_batches(runs):
     assert {lane for s in streams for lane, _, _ in s} == {0, 1, 2, 3}
     steps = r.steps()
     assert sorted(steps) == STEPS and all(len(steps[s]) == h.C for s in STEPS)
+
+
+@pytest.mark.e2e
+def test_the_ledger_from_the_ranks_logs_equals_the_ledger_by_replay(runs, tmp_path):
+    """Issue #35: loading ranks log full lines, TP peers what they received; the step-3 ledger from the logs
+    (which run on to step 6) is the ledger by replay."""
+    r, shape = runs("tp_ref"), ["--framework", "megatron", "--seq-len", str(h.SEQ), "--batch-size", str(h.MBS)]
+    state = r.run_dir / "loader" / "iter_0000003" / "mp_rank_00" / "train_dataloader_dprank000.pt"
+    said, _ = ledger_both_ways(runs.assets.indexed_recipe, state, shape, [f"{r.run_dir}/batches-rank*.log"], tmp_path)
+    assert "12 batches, 3 steps" in said and "12 logged batch(es) are not the state's" in said, said
 
 
 @pytest.mark.e2e

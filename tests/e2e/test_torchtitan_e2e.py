@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from support.ledger_runs import ledger_both_ways
 from support.tensorboard_events import scalars
-from torchtitan_cpu.runs import GLOBAL_BATCH, LOCAL_BATCH, SEQ_LEN, best_fit_recipe, launch, steps_of
+from torchtitan_cpu.runs import ASSETS, GLOBAL_BATCH, LOCAL_BATCH, RECIPE, SEQ_LEN, best_fit_recipe, launch, steps_of
 
 from zephon_core.integration.batch_log import read_batch_log
 
@@ -115,6 +116,21 @@ def test_elastic_resume_keeps_every_step(runs, name, ref):
     assert res.log_text().count(said) == 1, res.log_text()[-3000:]
     assert f"canonical_replicas=4, data-parallel degree {after}, {C // after} lane(s) per data-parallel rank" in (
         res.log_text())
+
+
+def test_the_ledger_from_the_ranks_logs_equals_the_ledger_by_replay(runs, tmp_path):
+    """Issue #35: the audit logs TorchTitan's ranks wrote say each batch's rows. The ledger of the step-4
+    checkpoint built from them alone (they run on to step 6: those batches are left out and counted) is the
+    ledger by replay, row for row; so is the resumed run's step-6 ledger from both runs' logs, which hold
+    steps 5 and 6 twice (they agree)."""
+    (_, ref), (_, res) = runs("ref2"), runs("resume2")
+    shape = ["--framework", "torchtitan", "--tokenizer", str(ASSETS), "--seq-len", str(SEQ_LEN),
+             "--batch-size", str(LOCAL_BATCH), "--batches-per-step", str(GLOBAL_BATCH // LOCAL_BATCH)]
+    said, table = ledger_both_ways(RECIPE, ref / "checkpoint" / "step-4", shape, [f"{ref}/batches-rank*.log"], tmp_path)
+    assert "8 logged batch(es) are not the state's" in said and set(table.column("step").to_pylist()) == {1, 2, 3, 4}
+    logs = [f"{d}/batches-rank*.log" for d in (ref, res)]
+    _, table = ledger_both_ways(RECIPE, res / "checkpoint" / "step-6", shape, logs, tmp_path)
+    assert set(table.column("step").to_pylist()) == set(range(1, 7))
 
 
 def test_tensor_parallel_peers_receive_identical_batches(runs):

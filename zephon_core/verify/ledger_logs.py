@@ -6,8 +6,8 @@ lane's batches below its ``delivered`` count, less the steps its surgery journal
 in the logs, with its rows; a batch several ranks logged (tensor- or pipeline-parallel peers, a rank that
 trained it again after a resume or a torchft retry) must have the same digest, and the same rows where its lines
 say them, everywhere. Logged batches the state does not hold (trained after the state was taken, or before a
-rollback in steps the journal then skipped) are left out and named in ``Ledger.extras``: logs that run on past
-the checkpoint are the usual case, not an error.
+rollback in steps the journal then skipped) are left out and named, each once, in ``Ledger.extras``: logs that
+run on past the checkpoint are the usual case, not an error.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ def ledger_from_logs(logged: Iterable[tuple[str, LoggedBatch]], state: Mapping[s
     lane, the batch and the file(s)."""
     plan = plan_of(state, batches_per_step, dp_degree)
     kept: dict[tuple[int, int], tuple[str, LoggedBatch]] = {}
-    extras: list[str] = []
+    extras: dict[tuple[int, int], str] = {}
     for where, b in logged:
         key = (b.lane, b.lane_index)
         if not plan.owes(*key):
-            extras.append(f"lane {b.lane} batch {b.lane_index} ({where})")
+            extras.setdefault(key, f"lane {b.lane} batch {b.lane_index} ({where})")
             continue
         had = kept.get(key)
         if had is None or (b.rows and not had[1].rows):
@@ -52,7 +52,7 @@ def ledger_from_logs(logged: Iterable[tuple[str, LoggedBatch]], state: Mapping[s
     heads = [" ".join(map(str, plan.head(*key))) + " " for key in order]
     table = decode_rows((kept[key][1].rows for key in order), heads)
     digests = {key: kept[key][1].digest for key in order}
-    return ledger_of(table, sources, digests, "logs", extras)
+    return ledger_of(table, sources, digests, "logs", list(extras.values()))
 
 
 def _agree(had: tuple[str, LoggedBatch], new: tuple[str, LoggedBatch]) -> None:
