@@ -1,5 +1,6 @@
 """``zephon ledger``: what a run trained on, step -> documents and document -> steps, from its checkpoint and, when
-their lines say each batch's rows, its batch audit logs alone (no corpus read, no tokenizer)."""
+their lines say each batch's rows, its batch audit logs alone (no replay; documents read raw, and only for the
+content hashes asked for)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def run(a: argparse.Namespace) -> int:
     logged = read_logs(paths)
     ledger = _build(a, recipe, state, a.batches_per_step or int(state["canonical_replicas"]), logged)
     steps = int(ledger.columns["step"].max()) if len(ledger) else 0
-    how = (f"from the batch audit logs ({len(paths)} files; no corpus read)" if ledger.built == "logs" else
+    how = (f"from the batch audit logs ({len(paths)} files; no replay)" if ledger.built == "logs" else
            "by replay (the corpus read and tokenized again)")
     print(f"{a.state}: {len(ledger.digests)} batches, {steps} steps, {len(ledger)} rows, "
           f"{len(ledger.documents())} documents; built {how}")

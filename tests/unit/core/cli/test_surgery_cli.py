@@ -90,7 +90,7 @@ def test_the_documented_commands_run_as_written(run_folder, tmp_path):
     assert "a1836a026bfdfe68: stdlib_docs.jsonl#155\n" in "".join(outputs)  # the quarantine's hash, resolved
     assert "surgery journal of run/state.json, applied on both topologies" in "".join(outputs)  # verify-elastic
     ledgers = [out for c, out in zip(PAGE_COMMANDS, outputs) if c.text.startswith("zephon ledger")]
-    assert all("built from the batch audit logs (2 files; no corpus read)" in out for out in ledgers[:-1])
+    assert all("built from the batch audit logs (2 files; no replay)" in out for out in ledgers[:-1])
     assert "built by replay" in ledgers[-1] and "--replay" in PAGE_COMMANDS[outputs.index(ledgers[-1])].text
     assert ledgers[0].count("stdlib_docs.jsonl#") >= 16  # step 2: 8 batches of 2 rows, a stretch or more a row
     ranked = [line.split()[-1] for line in outputs[-1].splitlines()[1:]]  # zephon blame: token-weighted means
