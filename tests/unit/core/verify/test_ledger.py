@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 
 from zephon_core import MemorySource, Pipeline, StaticMixture
 from zephon_core.checkpoint.state import skip_in_state
+from zephon_core.checkpoint.surgery import journal_of
 from zephon_core.errors import DataError
 from zephon_core.integration.batch_log import log_line, parse_line
+from zephon_core.pipeline.surgery import quarantined_state
 from zephon_core.verify.ledger import COLUMNS, build_ledger, content_hash
 from zephon_core.verify.ledger_logs import ledger_from_logs
 from zephon_core.verify.simulate import Phase, run_phase
@@ -31,18 +33,36 @@ def _make(dp_degree: int, dp_group_id: int) -> Pipeline:
             .options(canonical_replicas=C, dp_degree=dp_degree, dp_group_id=dp_group_id, prefetch=0))
 
 
-def _run(phases: list[tuple[int, int]], B: int, skip: tuple[int, int] | None):
+def _sources(n: int) -> list[MemorySource]:
+    return [MemorySource(DOCS[k::n], name=f"s{k}" if n > 1 else "m") for k in range(n)]
+
+
+def _recipe(n_sources: int, chunk: int, seq: int, rows: int):
+    """A pipeline factory like ``_make`` over ``n_sources`` sources (``DOCS`` dealt out), chunks, rows and batches of
+    the sizes given."""
+    def make(dp_degree: int, dp_group_id: int) -> Pipeline:
+        ws = StaticMixture(_sources(n_sources), seed=5, chunk_size=chunk)
+        return (Pipeline(ws).pack(seq).shuffle(3, seed=2).batch(rows)
+                .options(canonical_replicas=C, dp_degree=dp_degree, dp_group_id=dp_group_id, prefetch=0))
+    return make
+
+
+def _run(phases: list[tuple[int, int]], B: int, skip: tuple[int, int] | None, make=_make,
+         quarantine: list[tuple[str, int]] | None = None):
     """The run's trained (step, lane, lane_index, rows' segments), audit lines as ``(file, line)`` (a file a phase
-    and group), and its last state."""
+    and group), and its last state; ``skip`` (steps after the first phase's) and ``quarantine`` are journaled
+    before the second phase."""
     trained, lines, state = [], [], None
     done = 0
     for n, (G, steps) in enumerate(phases):
         if n == 1 and skip is not None:
             state = skip_in_state(json.loads(json.dumps(state)), done + 1 + skip[0], done + 1 + skip[1], B)
+        if n == 1 and quarantine:
+            state = quarantined_state(make(1, 0), state, quarantine)
         def on_batch(gid, b):
             trained.append((b.lane_index // (B // C) + 1, b.lane, b.lane_index, b.segments.tolist()))
             lines.append((f"phase{n}-batches-{gid}.log", log_line(b)))
-        _, state = run_phase(_make, Phase(G, steps), B, state, on_batch=on_batch)
+        _, state = run_phase(make, Phase(G, steps), B, state, on_batch=on_batch)
         done += steps if n == 0 else 0
     return trained, lines, state
 
@@ -71,7 +91,28 @@ def test_the_ledger_answers_what_the_ranks_trained_on_at_every_step(phases, per_
 
 
 def _source() -> MemorySource:
-    return MemorySource(DOCS, name="m")
+    return _sources(1)[0]
+
+
+@settings(max_examples=12, deadline=None)
+@given(phases=st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.integers(1, 3)), min_size=2, max_size=3),
+       recipe=st.tuples(st.integers(1, 3), st.sampled_from([3, 4, 6]), st.sampled_from([5, 8, 13]), st.integers(1, 2)),
+       per_lane=st.sampled_from([1, 2]), skip=st.one_of(st.none(), st.tuples(st.integers(0, 1), st.integers(1, 2))),
+       quarantined=st.lists(st.integers(0, 19), max_size=3))
+def test_on_random_recipes_the_ledger_from_logs_is_the_ledger_by_replay(phases, recipe, per_lane, skip, quarantined):
+    """Sources, chunk, row and batch sizes, degrees, a skip and a quarantine drawn: row for row the same ledger,
+    the same digests, and the logs check clean against the replay."""
+    B, make = C * per_lane, _recipe(*recipe)
+    skip = None if skip is None or skip[0] > skip[1] else skip
+    _, lines, state = _run(phases, B, skip, make, [(f"s{d % recipe[0]}" if recipe[0] > 1 else "m", d)
+                                                   for d in quarantined])
+    assert bool(journal_of(state).quarantines) == bool(quarantined)
+    logged = [(where, parse_line(line)) for where, line in lines]
+    replayed = build_ledger(lambda: make(1, 0), state, B)
+    from_logs = ledger_from_logs(logged, state, B, _sources(recipe[0]))
+    assert replayed.check_logs(logged) == [] and from_logs.extras == []
+    assert from_logs.digests == replayed.digests and from_logs.sources == replayed.sources
+    assert _table(from_logs).tolist() == _table(replayed).tolist()
 
 
 def _table(ledger) -> np.ndarray:
