@@ -30,12 +30,6 @@ def lanes_line(global_rank: int, dp_rank: int, lanes: Sequence[int]) -> str:
     return f"zephon: rank {global_rank} (data-parallel rank {dp_rank}) reads lanes {list(lanes)}"
 
 
-def surgery_line(done: str, recipe: str) -> str:
-    """One entry of a recipe's ``[surgery]`` table journaled now (``apply_surgery``'s line for it): said once, when
-    it enters the loader state; a resume that finds it journaled says nothing."""
-    return f"zephon: {done}, from the [surgery] table of recipe {recipe}; journaled in the loader state"
-
-
 def skipped_steps_line(at: int, last: int) -> str:
     """The trainer reached skipped global steps at step ``at``, skipped through ``last``: it runs no training for
     them (said once a range; ``at`` is past the range's first step when a run resumes inside it)."""
@@ -59,3 +53,9 @@ def restored_line(state: Mapping[str, Any], *, dp_degree: int, step: int | None,
     at = f" at step {step}" if step is not None else ""
     return (f"zephon: loader state restored{at} ({delivered} batches delivered over {C} lanes) "
             f"from dp={saved_dp} to dp={dp_degree}")
+
+
+def surgery_line(where: str, done: str) -> str:
+    """One surgery entry a start-up journaled in the loader state (``apply_surgery``'s lines), naming who asked for
+    it: the one place a run's log says its data was cut, so the person on call can find it later."""
+    return f"zephon: {where}: {done}, journaled in the loader state"

@@ -116,16 +116,28 @@ class TrainStream:
         """Optimizer steps completed, counting from the start of the run."""
         return self.counter.iteration
 
-    def save_state(self) -> dict[str, Any] | None:
-        """The merged loader state between two steps (collective over the Pipelines that save), else None."""
+    def pass_skipped(self) -> bool:
+        """Whether the next step is journaled as skipped (``zephon_megatron.surgery``); if so, this stream moves past
+        it reading nothing, since its lanes leave its micro-batches out themselves."""
+        if self.delivering.surgery.skip_at(self.counter.iteration + 1) is None:
+            return False
+        self._between_steps("skip")
+        self.counter.pass_step()
+        return True
+
+    def _between_steps(self, what: str) -> None:
         behind = [r.position for r in self._readers if r.position != self.produced]
         if not self.counter.at_boundary or behind:
             raise RuntimeError(
-                f"zephon: save_state() in the middle of optimizer step {self.counter.iteration + 1} "
+                f"zephon: {what} in the middle of optimizer step {self.counter.iteration + 1} "
                 f"({self.counter.into_step} of its {self.counter.step_size} micro-batches read on this rank"
                 + (f", model chunks at {sorted({*behind, self.produced})}" if behind else "")
-                + "); the loader state can only be saved between steps"
+                + f"); the loader can only {what} between steps"
             )
+
+    def save_state(self) -> dict[str, Any] | None:
+        """The merged loader state between two steps (collective over the Pipelines that save), else None."""
+        self._between_steps("save_state()")
         if not self.saves:
             return None
         state = self.pipeline.checkpoint()
@@ -173,11 +185,16 @@ class ZephonTrainIterator:
 
 
 def skip_step(iterators: Any, num_microbatches: int) -> None:
-    """Consume one skipped step's micro-batches on every model chunk's iterator (``--iterations-to-skip``)."""
-    for it in iterators if isinstance(iterators, list) else [iterators]:
-        if it is not None:
-            for _ in range(num_microbatches):
-                next(it)
+    """Consume one skipped step's micro-batches on every model chunk's iterator (``--iterations-to-skip``), unless
+    the step is journaled as skipped: the lanes leave them out, nothing is read (``TrainStream.pass_skipped``)."""
+    chunks = [it for it in (iterators if isinstance(iterators, list) else [iterators]) if it is not None]
+    ours = [getattr(it, "iterable", it) for it in chunks]  # Megatron wraps each in a RerunDataIterator
+    streams = {id(it.stream): it.stream for it in ours if isinstance(it, ZephonTrainIterator)}
+    if any([s.pass_skipped() for s in streams.values()]):
+        return
+    for it in chunks:
+        for _ in range(num_microbatches):
+            next(it)
 
 
 class ZephonValidIterator:

@@ -21,10 +21,9 @@ Virtual pipeline parallelism: Megatron calls the provider once per model chunk
 chunk that consumes data (the first chunk of the first stage, the last chunk
 of the last stage) gets its own reader of it, the others None.
 
-The provider is marked ``is_distributed`` so Megatron calls it on every rank:
-every rank runs the same start-up checks (and reads the resumed loader state),
-so a refusal stops all ranks alike instead of leaving some waiting in a
-collective.
+The provider is marked ``is_distributed`` so Megatron calls it on every rank: every rank runs the same start-up
+checks, reads the resumed loader state and works out the steps to skip (``zephon_megatron.surgery``), so a
+refusal stops all ranks alike instead of leaving some waiting in a collective.
 
 ``--zephon-log-metrics``: global rank 0 takes the figures of its Pipeline every
 ``--log-interval`` and the last rank, which holds Megatron's writers, writes them
@@ -65,6 +64,7 @@ from zephon_megatron.metrics import MegatronMetrics, megatron_writers
 from zephon_megatron.schedule import BatchSchedule, StepCounter, Steps
 from zephon_megatron.source_loss import MegatronSourceLoss
 from zephon_megatron.steering import mixing_of
+from zephon_megatron.surgery import StartupSurgery, journal_in, skips_at_start
 from zephon_megatron.tokenizer import TokenizerAdapter, tokenizer_eod
 from zephon_megatron.validate import ZephonMegatronError, check_run
 
@@ -248,13 +248,15 @@ class RankLoader:
             global_rank=place.dp_rank)
         check_run(args, self.plan, Steps.of(args, schedule), megatron_broadcast=ROUTE["megatron_broadcast"])
         self._announce(resumed)
+        surgery = skips_at_start(args, self.plan.recipe.surgery(), resumed.state if resumed else None,
+                                 ramps=schedule.ramps, canonical_replicas=self.plan.canonical_replicas or place.dp)
         self.tok, self.eod = (None, None)
         if place.tp_rank == 0:
             self.tok, self.eod = _tokenizer(args, self.plan.recipe, settings)
         self.fmt = BatchFormat.from_args(args, self.eod)
         mixing = mixing_of(settings, self.plan.recipe)  # refused here on every rank, not on the loading ones alone
         if place.loads:
-            self.stream = self._stream(schedule, resumed, mixing)
+            self.stream = self._stream(schedule, resumed, mixing, surgery)
         self.metrics = MegatronMetrics.set_up(args, self.stream) if settings.log_metrics else None
         self.source_loss = per_source_loss(args, self.plan.recipe) if settings.source_loss else None
 
@@ -272,7 +274,7 @@ class RankLoader:
             logging.getLogger("zephon_megatron").debug(lanes_line(rank, self.place.dp_rank, lanes))
 
     def _stream(self, schedule: BatchSchedule, resumed: loader_state.LoaderState | None,
-                mixing: Mixing | None) -> TrainStream:
+                mixing: Mixing | None, surgery: StartupSurgery) -> TrainStream:
         place, args, plan = self.place, self.args, self.plan
         built = plan.recipe.build(seq_len=args.seq_length, batch_size=args.micro_batch_size, tokenizer=self.tok,
                                   bos_id=None, eos_id=self.eod if self.tok is not None else None,
@@ -281,6 +283,8 @@ class RankLoader:
         pipeline = MixingLoader(built, mixing) if mixing is not None else built
         if resumed is not None:
             pipeline.restore(resumed.state)
+        for line in journal_in(pipeline.pipeline if isinstance(pipeline, MixingLoader) else pipeline, surgery):
+            _print_rank0(line)
         counter = StepCounter(schedule, place.dp, iteration=int(getattr(args, "iteration", 0) or 0),
                               consumed_samples=int(getattr(args, "consumed_train_samples", 0) or 0))
         return TrainStream(pipeline, self.fmt, counter, saves=place.saves)

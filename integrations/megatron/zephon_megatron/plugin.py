@@ -17,8 +17,10 @@
      iterator instead of the list of them that virtual pipeline parallelism
      passes (the stock function reads ``.iterable`` of the list and fails); all
      chunks of a rank share one stream, so any chunk's state is the rank's;
-   * ``training.dummy_train_step`` (``--iterations-to-skip``) reads the skipped
-     step's micro-batches on every chunk's iterator and drops them. The stock
+   * ``training.dummy_train_step`` (``--iterations-to-skip``) reads nothing for a
+     step the loader state's journal skips (the lanes leave its micro-batches out:
+     ``zephon_megatron.surgery``); for any other skipped step (under a batch-size
+     ramp) it reads the micro-batches on every chunk's iterator and drops them. The stock
      one also broadcasts them to tensor-parallel peers with fixed-shape receive
      buffers (which can wait forever for an attention mask Zephon does not
      send), calls ``next`` on a list of chunk iterators with virtual pipelines,

@@ -186,6 +186,11 @@ class StepCounter:
             self.iteration += 1
             self._size = self._left = self._per_rank()
 
+    def pass_step(self) -> None:
+        """A whole step this rank reads nothing of (a journaled skip: the lanes leave its micro-batches out)."""
+        self._left = 1
+        self.count()
+
     @property
     def at_boundary(self) -> bool:
         """Between two optimizer steps (no step half read)."""

@@ -259,7 +259,7 @@ class ZephonStream:
                                        "which this loader was not told; use --module zephon_torchtitan (ZephonTrainer)")
             for done in apply_surgery(self.pipeline, request, self.batches_per_step or 1) if request else ():
                 if coordination_identity()[1] == 0:
-                    LOG.info(surgery_line(done, self.plan.recipe.path))
+                    LOG.info(surgery_line(request.where, done))
         return self.pipeline.surgery
 
     def skip_at(self, step: int) -> Skip | None:

@@ -92,6 +92,8 @@ RULES: list[tuple[str, str, str]] = [
      "tests/unit/core/sources/test_arrow.py::"
      "test_zephon_index_writes_a_manifest_that_start_up_uses_without_opening_a_data_file"),
     (r"^zephon --version$", "test", "tests/unit/core/cli/test_cli.py::test_version_and_a_bare_zephon"),
+    (r"^zephon ledger \S+ --state \S+/train_dataloader_dprank\d+\.pt .*--framework megatron", "test",
+     "tests/e2e/test_megatron_surgery_e2e.py::test_the_ledger_agrees_with_the_audit_logs_on_every_step"),
     (r"^zephon (skip|quarantine|ledger|blame|trace|report|verify-elastic) .*run/", "test",
      "tests/unit/core/cli/test_surgery_cli.py::test_the_documented_commands_run_as_written"),
     (r"^zephon [a-z-]+( [A-Z][A-Z0-9.]*| \[.*\]| --[a-z-]+( [A-Z0-9]+)?)*$|^zephon [a-z-]+$|^zephon [a-z |-]+$", "synopsis", ""),

@@ -24,7 +24,7 @@ from zephon_core.integration import IntegrationError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 STEP = 4  # batches a step: global 8 / local 2, over 4 lanes (1 a lane)
-JOURNALED = "zephon: steps 2..3 skipped (4 batches a step), from the [surgery] table of recipe"
+JOURNALED = "surgery: steps 2..3 skipped (4 batches a step), journaled in the loader state"
 
 
 @pytest.fixture(scope="module")
