@@ -143,6 +143,10 @@ class TrainStream:
         state = self.pipeline.checkpoint()
         delivered = sum(v["delivered"] for v in state["lanes"].values())
         want = self.counter.delivered_total
+        if delivered != want and self.delivering.surgery.skip_at(self.iteration) is not None:
+            raise RuntimeError(f"zephon: cannot save the loader state right after skipped iteration {self.iteration}: "
+                               "the lanes move past skipped steps when the next one is read; end the run (or save) "
+                               "on an iteration that trains")
         if delivered != want:
             raise RuntimeError(
                 f"zephon: the merged loader state holds {delivered} micro-batches at iteration {self.iteration}, expected "

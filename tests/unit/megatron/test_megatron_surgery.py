@@ -106,3 +106,14 @@ def test_a_journaled_steps_dummy_step_reads_nothing_and_the_stream_saves_after_i
     assert stream.produced == 12 and stream.iteration == 4
     resumed, (c,) = _resumed(st.state, schedule=BatchSchedule.constant(8, 2), iteration=3, consumed=24)
     assert [next(c).meta.lane_index for _ in range(4)] == [3] * 4
+
+
+def test_a_save_right_after_a_journaled_skip_says_why_it_cannot_be():
+    p = _pipeline()
+    p.skip_steps(2, 2, 4)
+    stream, (a,) = _stream(p, bps=4)
+    for _ in range(4):
+        next(a)
+    skip_step(a, 4)
+    with pytest.raises(RuntimeError, match="right after skipped iteration 2: the lanes move past skipped steps"):
+        a.save_state()
