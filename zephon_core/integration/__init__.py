@@ -22,11 +22,19 @@ live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds
 * ``state_readers``: reading a state out of JSON or, through the readers adapters register, their
   framework's checkpoints (``StateReader``);
 * ``IntegrationError``: the one error type of an adapter's refusals;
+* steering and surgery, which an adapter drives step by step: ``MixingLoader``, ``Mixing``, ``LocalFigures``,
+  a journaled ``Decision`` and its ``DENOMINATOR`` (``pipeline.mixing``, ``curriculum.journal``);
+  ``SurgeryRequest``/``apply_surgery`` and the surgery journal (``SurgeryJournal``, ``Skip``,
+  ``surgery_journal_of``, ``skip_of``, ``refuse_begun``: ``checkpoint.surgery``);
 * and the few core pieces an adapter handles itself: ``Recipe``/``load_recipe``, ``parse_lanes``
   (a state's lanes, validated), ``load_tokenizer`` and ``write_atomically``.
 """
 
 from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.checkpoint.surgery import Journal as SurgeryJournal
+from zephon_core.checkpoint.surgery import Skip, refuse_begun, skip_of
+from zephon_core.checkpoint.surgery import journal_of as surgery_journal_of
+from zephon_core.curriculum.journal import DENOMINATOR, Decision
 from zephon_core.errors import IntegrationError
 from zephon_core.integration.announce import lanes_line, restored_line, startup_line
 from zephon_core.integration.batch_log import (
@@ -70,10 +78,24 @@ from zephon_core.integration.source_loss import (
 from zephon_core.integration.state_readers import StateReader, StateReadError, load_state
 from zephon_core.io.atomic import write_atomically
 from zephon_core.lane.tokenizer_file import load_tokenizer
+from zephon_core.pipeline.mixing import LocalFigures, Mixing, MixingLoader
+from zephon_core.pipeline.surgery import SurgeryRequest, apply_surgery
 from zephon_core.recipe import Recipe, load_recipe
 
 __all__ = [
     "BATCH_LOG_ENV",
+    "DENOMINATOR",
+    "Decision",
+    "LocalFigures",
+    "Mixing",
+    "MixingLoader",
+    "Skip",
+    "SurgeryJournal",
+    "SurgeryRequest",
+    "apply_surgery",
+    "refuse_begun",
+    "skip_of",
+    "surgery_journal_of",
     "Asked",
     "Audited",
     "Coordination",

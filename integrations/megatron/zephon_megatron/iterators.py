@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from zephon_core import Batch, Pipeline
-from zephon_core.integration import Audited, LoggedBatch, audited
-from zephon_core.pipeline.mixing import MixingLoader
+from zephon_core.integration import Audited, LoggedBatch, MixingLoader, audited
 from zephon_megatron import state as loader_state
 from zephon_megatron.batches import BatchFormat, to_megatron, to_torch
 from zephon_megatron.broadcast import MicroBatch

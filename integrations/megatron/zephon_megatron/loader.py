@@ -25,9 +25,8 @@ The provider is marked ``is_distributed`` so Megatron calls it on every rank: ev
 checks, reads the resumed loader state and works out the steps to skip (``zephon_megatron.surgery``), so a
 refusal stops all ranks alike instead of leaving some waiting in a collective.
 
-``--zephon-log-metrics``: global rank 0 takes the figures of its Pipeline every
-``--log-interval`` and the last rank, which holds Megatron's writers, writes them
-(``zephon_megatron.metrics``).
+``--zephon-log-metrics``: global rank 0 takes the figures of its Pipeline every ``--log-interval`` and the
+last rank, which holds Megatron's writers, writes them (``zephon_megatron.metrics``).
 
 In-process restart (``--inprocess-restart``): Megatron runs ``pretrain()`` again in
 the same process. The rank's loader of the failed attempt is closed (its Pipelines'
@@ -48,6 +47,8 @@ from zephon_core import Pipeline, owned_lanes
 from zephon_core.integration import (
     Asked,
     Facts,
+    Mixing,
+    MixingLoader,
     Recipe,
     StartupPlan,
     lanes_line,
@@ -55,7 +56,6 @@ from zephon_core.integration import (
     startup_line,
     startup_plan,
 )
-from zephon_core.pipeline.mixing import Mixing, MixingLoader
 from zephon_megatron import state as loader_state
 from zephon_megatron.args import Settings
 from zephon_megatron.batches import BatchFormat

@@ -23,9 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zephon_core.curriculum.journal import DENOMINATOR, Decision
-from zephon_core.integration import Recipe, SourceLoss
-from zephon_core.pipeline.mixing import LocalFigures, Mixing, MixingLoader
+from zephon_core.integration import DENOMINATOR, Decision, LocalFigures, Mixing, MixingLoader, Recipe, SourceLoss
 from zephon_megatron.args import Settings
 from zephon_megatron.broadcast import comm_device
 from zephon_megatron.validate import ZephonMegatronError

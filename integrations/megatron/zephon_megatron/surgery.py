@@ -24,11 +24,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_core.checkpoint.surgery import Journal, journal_of, refuse_begun, skip_of
-from zephon_core.errors import StateError
-from zephon_core.integration import parse_lanes
+from zephon_core import StateError
+from zephon_core.integration import SurgeryJournal as Journal
+from zephon_core.integration import SurgeryRequest, apply_surgery, parse_lanes, refuse_begun, skip_of
+from zephon_core.integration import surgery_journal_of as journal_of
 from zephon_core.integration.announce import surgery_line
-from zephon_core.pipeline.surgery import SurgeryRequest, apply_surgery
 from zephon_megatron.validate import ZephonMegatronError
 
 FLAG = "--iterations-to-skip"

@@ -18,13 +18,15 @@ import numpy as np
 import torch
 
 from zephon_core import Batch, Pipeline
-from zephon_core.checkpoint.surgery import Journal, Skip
 from zephon_core.integration import (
     Asked,
     Facts,
     IntegrationError,
+    MixingLoader,
+    Skip,
     StartupPlan,
     Terms,
+    apply_surgery,
     audited,
     lanes_line,
     next_multiple,
@@ -34,9 +36,8 @@ from zephon_core.integration import (
     startup_line,
     startup_plan,
 )
+from zephon_core.integration import SurgeryJournal as Journal
 from zephon_core.integration.announce import surgery_line
-from zephon_core.pipeline.mixing import MixingLoader
-from zephon_core.pipeline.surgery import apply_surgery
 from zephon_torchtitan.settings import (
     DEFAULT_STATE_CAPACITY as DEFAULT_STATE_CAPACITY,  # re-exported beside the slot it sizes
 )

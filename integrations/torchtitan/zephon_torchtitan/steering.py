@@ -22,9 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zephon_core.curriculum.journal import DENOMINATOR, Decision
-from zephon_core.integration import SourceLoss
-from zephon_core.pipeline.mixing import LocalFigures, MixingLoader
+from zephon_core.integration import DENOMINATOR, Decision, LocalFigures, MixingLoader, SourceLoss
 from zephon_torchtitan.core import LOG
 
 

@@ -35,8 +35,7 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.config.override import derive
 from torchtitan.trainer import Trainer
 
-from zephon_core.checkpoint.surgery import Skip
-from zephon_core.integration import IntegrationError, warn_unknown_step_size
+from zephon_core.integration import IntegrationError, Skip, warn_unknown_step_size
 from zephon_core.integration.announce import skipped_steps_line
 from zephon_torchtitan.core import LOG, StreamLoader, ZephonStream, coordination_identity, training_stream
 from zephon_torchtitan.metrics import MetricsLogging, TrainingMetrics

@@ -101,3 +101,24 @@ def test_what_the_adapters_take_from_the_doors_is_there():
                     missing |= {f"{path.name}: {node.module}.{a.name}" for a in node.names
                                 if not hasattr(module, a.name)}
     assert not missing, sorted(missing)
+
+
+DOOR = {"integration", "live"}  # the core's packages an adapter may import; zephon_core's own exports too
+
+
+def _internal(module: str) -> bool:
+    """Whether ``module`` (an imported name) is one of the core's modules outside its door."""
+    parts = module.split(".")
+    if parts[0] != "zephon_core" or len(parts) == 1 or parts[1] in DOOR:
+        return False
+    core = ROOT / "zephon_core"
+    return (core / parts[1]).is_dir() or (core / f"{parts[1]}.py").is_file()
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_an_adapter_enters_the_core_only_through_its_door(adapter):
+    """``zephon_core``'s exports, ``zephon_core.integration`` (and its modules) and ``zephon_core.live``: nothing
+    else of the core, so its internals can move without an adapter noticing (``zephon_core/integration``)."""
+    folder, _ = ADAPTERS[adapter]
+    wrong = {f"{p.relative_to(folder)}: {m}" for p in folder.rglob("*.py") for m in _imports(p) if _internal(m)}
+    assert not wrong, sorted(wrong)
