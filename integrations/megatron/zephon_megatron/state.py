@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_core import StateError
-from zephon_core.integration import parse_lanes
+from zephon_core.integration import parse_lanes, surgery_journal_of
+from zephon_megatron.surgery import unpassed_batches
 from zephon_megatron.validate import ZephonMegatronError
 
 FORMAT = "zephon.megatron.loader_state"
@@ -197,6 +198,8 @@ def load_for_iteration(dataloader_save: str | None, iteration: int, dp_rank: int
             "and --micro-batch-size as in the saved run"
         )
     want = iteration * batches_per_step if delivered is None else delivered
+    # Saved right after skipped iterations, the lanes had not moved past those steps' batches yet.
+    want -= unpassed_batches(surgery_journal_of(st.state), iteration, int(st.state["canonical_replicas"]))
     if st.delivered != want:
         how = (f"iteration {iteration} x {batches_per_step} micro-batches per step" if consumed_samples is None else
                f"the model checkpoint's {consumed_samples} consumed samples / micro batch")

@@ -46,6 +46,16 @@ class StartupSurgery:
     note: str = ""
 
 
+def unpassed_batches(journal: Journal, iteration: int, canonical_replicas: int) -> int:
+    """Batches of the skipped steps that end at ``iteration`` which the lanes have not moved past yet: they pass a
+    skip when the step after it is read, so a state saved right after skipped iterations (the last ones of a run)
+    holds that many fewer delivered batches than Megatron's consumed samples say; 0 after a step that trained."""
+    n, step = 0, iteration
+    while (skip := journal.skip_at(step)) is not None:
+        n, step = n + skip.batches_per_lane * canonical_replicas, step - 1
+    return n
+
+
 def ranges_of(steps: Iterable[int]) -> tuple[tuple[int, int], ...]:
     """Sorted distinct steps as contiguous ``(first, last)`` ranges: 3 4 5 9 -> (3, 5), (9, 9)."""
     out: list[list[int]] = []

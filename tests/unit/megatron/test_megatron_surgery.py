@@ -4,6 +4,7 @@ dummy step reads nothing. The launches are in tests/e2e/test_megatron_surgery_e2
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from zephon_core.checkpoint.surgery import Skip, journal_of
 from zephon_core.pipeline.surgery import SurgeryRequest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from test_megatron_loader import _pipeline, _resumed, _stream  # noqa: E402
 
@@ -108,12 +109,26 @@ def test_a_journaled_steps_dummy_step_reads_nothing_and_the_stream_saves_after_i
     assert [next(c).meta.lane_index for _ in range(4)] == [3] * 4
 
 
-def test_a_save_right_after_a_journaled_skip_says_why_it_cannot_be():
+def test_a_save_right_after_journaled_skips_is_kept_and_resumes_past_them(tmp_path):
+    """The last iterations of a run skipped: the lanes have not moved past those steps yet (they do when the next
+    step is read), so the state holds fewer delivered batches than Megatron's consumed samples, and both the save's
+    and the resume's checks count the journaled steps the lanes have still to pass."""
     p = _pipeline()
-    p.skip_steps(2, 2, 4)
+    p.skip_steps(2, 3, 4)
     stream, (a,) = _stream(p, bps=4)
     for _ in range(4):
         next(a)
     skip_step(a, 4)
-    with pytest.raises(RuntimeError, match="right after skipped iteration 2: the lanes move past skipped steps"):
-        a.save_state()
+    skip_step(a, 4)
+    st = ls.decode(a.save_state(), "mem")
+    assert (st.iteration, st.delivered) == (3, 4)  # step 1's batches; steps 2 and 3 not passed yet
+    path = ls.state_file(str(tmp_path), 3, 0, pipeline_parallel=False)
+    os.makedirs(os.path.dirname(path))
+    torch.save({ls.MEGATRON_KEY: ls.encode(st.state, iteration=3, batches_per_step=4)}, path)
+    got = ls.load_for_iteration(str(tmp_path), 3, 0, batches_per_step=4, pipeline_parallel=False, delivered=12,
+                                consumed_samples=24)
+    resumed, (c,) = _resumed(got.state, schedule=BatchSchedule.constant(8, 2), iteration=3, consumed=24)
+    assert [next(c).meta.lane_index for _ in range(4)] == [3] * 4  # step 4's batches, past the skip
+    with pytest.raises(ZephonMegatronError, match="holds 4 delivered micro-batches, but .* = 8"):
+        ls.load_for_iteration(str(tmp_path), 3, 0, batches_per_step=4, pipeline_parallel=False, delivered=16,
+                              consumed_samples=32)
