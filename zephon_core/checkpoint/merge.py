@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from zephon_core.checkpoint.state import LaneState, make_state, parse_lanes, verify_checksum
+from zephon_core.checkpoint.steering import same_clock
 from zephon_core.checkpoint.surgery import journal_of as surgery_of
 from zephon_core.curriculum.journal import first_difference, journal_of
 from zephon_core.errors import StateError
@@ -61,7 +62,8 @@ def merge_parsed(
             owner.setdefault(lane, n)
     degrees = [st["topology"].get("dp_degree") for st in states if isinstance(st["topology"].get("dp_degree"), int)]
     topo = {"dp_degree": max(degrees) if degrees else None, "world_size": world_size or first["topology"].get("world_size")}
-    return make_state(first["definition"], first["canonical_replicas"], topo, merged, surgery), merged
+    clock = same_clock(states, labels)
+    return make_state(first["definition"], first["canonical_replicas"], topo, merged, surgery, clock), merged
 
 
 def _check_journal(leader: Mapping[str, Any], other: Mapping[str, Any], leader_label: str, label: str) -> None:

@@ -11,6 +11,7 @@ A state is plain JSON data (no pickle, nothing executable):
                           "delivered": batches delivered,
                           "tally": what the lane delivered (zephon_core.metrics.Tally)}},
      "surgery": {...} (only when the run had surgery: steps skipped; zephon_core.checkpoint.surgery),
+     "steering": {...} (only in a steered run's states: the controller's clock; zephon_core.checkpoint.steering),
      "checksum": sha256 of the canonical JSON of all the other fields}
 
 A per-group state holds the lanes that group owns; merging states takes the
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_core.batch import Cursor
+from zephon_core.checkpoint.steering import FIELD as STEERING
+from zephon_core.checkpoint.steering import Clock, clock_of
 from zephon_core.checkpoint.surgery import FIELD as SURGERY
 from zephon_core.checkpoint.surgery import Journal, journal_of, refuse_begun, skip_of
 from zephon_core.errors import StateError
@@ -81,7 +84,7 @@ def parse_lanes(state: Mapping[str, Any]) -> dict[int, LaneState]:
     missing = sorted(_TOP_KEYS - state.keys())
     if missing:
         raise StateError(f"state is missing field(s): {', '.join(missing)}")
-    extra = sorted(set(state.keys()) - _TOP_KEYS - {SURGERY})
+    extra = sorted(set(state.keys()) - _TOP_KEYS - {SURGERY, STEERING})
     if extra:
         raise StateError(f"state has unknown field(s): {', '.join(map(str, extra))}")
     if state["format"] != FORMAT:
@@ -97,6 +100,7 @@ def parse_lanes(state: Mapping[str, Any]) -> dict[int, LaneState]:
     if not isinstance(state["topology"], Mapping):
         raise StateError("state field topology must be a dict")
     journal_of(state)
+    clock_of(state)
     lanes_raw = state["lanes"]
     if not isinstance(lanes_raw, Mapping):
         raise StateError("state field lanes must be a dict")
@@ -149,8 +153,9 @@ def verify_checksum(state: Mapping[str, Any]) -> None:
 
 
 def make_state(definition: Mapping[str, Any], C: int, topology: Mapping[str, Any], lanes: Mapping[int, LaneState],
-               surgery: Journal | None = None) -> dict[str, Any]:
-    """A state of ``lanes``; ``surgery`` (when not empty) is journaled in it, otherwise the field is absent."""
+               surgery: Journal | None = None, clock: Clock | None = None) -> dict[str, Any]:
+    """A state of ``lanes``; ``surgery`` (when not empty) is journaled in it and ``clock`` (a steered run's) kept,
+    otherwise their fields are absent."""
     state: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
@@ -165,6 +170,8 @@ def make_state(definition: Mapping[str, Any], C: int, topology: Mapping[str, Any
     }
     if surgery:
         state[SURGERY] = surgery.to_json()
+    if clock is not None:
+        state[STEERING] = clock.to_json()
     state["checksum"] = checksum_of(state)
     return state
 
@@ -181,4 +188,5 @@ def skip_in_state(state: Mapping[str, Any], first: int, last: int, batches_per_s
     skip = skip_of(first, last, batches_per_step, state["canonical_replicas"])
     refuse_begun(skip, lanes)
     journal = journal_of(state).with_skip(skip)
-    return make_state(state["definition"], state["canonical_replicas"], state["topology"], lanes, journal)
+    return make_state(state["definition"], state["canonical_replicas"], state["topology"], lanes, journal,
+                      clock_of(state))

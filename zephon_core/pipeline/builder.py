@@ -11,6 +11,7 @@ from typing import Any
 
 from zephon_core.batch import Batch, Cursor
 from zephon_core.checkpoint.state import LaneState, fingerprint_of, make_state, parse_lanes, verify_checksum
+from zephon_core.checkpoint.steering import Clock, clock_of
 from zephon_core.checkpoint.surgery import Journal, journal_of, refuse_begun, skip_of
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError, StateError
@@ -53,6 +54,7 @@ class Pipeline:
         self._restored: dict[int, LaneState] | None = None
         self._restored_all: dict[int, LaneState] | None = None  # every lane of the restored state
         self.surgery = Journal()  # steps skipped: from the restored state and skip_steps()
+        self.clock: Clock | None = None  # a steered run's controller clock, kept in its states (MixingLoader sets it)
         self._run: RunFigures | None = None  # the lanes of the last merged or restored state, summed
         self._engine: Engine | None = None
         self._aggregator: Any = None
@@ -213,7 +215,7 @@ class Pipeline:
     def _local_state(self, lanes: Mapping[int, LaneState]) -> dict[str, Any]:
         ident = self._identity
         topology = {"dp_degree": ident.dp_degree, "dp_group_id": ident.dp_group_id, "world_size": ident.world_size, "global_rank": ident.global_rank}
-        return make_state(self.definition(), ident.canonical_replicas, topology, lanes, self.surgery)
+        return make_state(self.definition(), ident.canonical_replicas, topology, lanes, self.surgery, self.clock)
 
     def checkpoint(self) -> dict[str, Any]:
         """The progress of delivered batches, as a JSON-serialisable dict.
@@ -328,6 +330,7 @@ class Pipeline:
         self._restored = {lane: lanes[lane] for lane in ident.lanes}
         self._restored_all = lanes
         self.surgery = journal_of(state).union(self.surgery)
+        self.clock = clock_of(state)
         self._run = run_figures(self.work_source, lanes)
 
 

@@ -13,7 +13,10 @@ guarantee fixes every lane's delivered position at a global step), never of pref
 threads or processes. Batches read ahead are dropped: the pipeline is rebuilt from its lanes'
 delivered positions (``Pipeline.switched``), whose restore refuses, loudly, a stage that starts
 at a chunk a lane has read. The decision is journaled in the data definition, so a checkpoint
-holds it and a resume on any data-parallel degree replays it (``restore``).
+holds it and a resume on any data-parallel degree replays it (``restore``). What the next decision
+depends on besides (the step the controller was last asked at, its state after proposals that changed
+nothing, the losses of the interval under way) is the state's steering clock (``checkpoint.steering``), so
+a resumed run decides exactly as the uninterrupted one, wherever the checkpoint falls.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 from zephon_core.batch import Batch
 from zephon_core.checkpoint.merge import diff_definitions
+from zephon_core.checkpoint.steering import Clock, clock_of
 from zephon_core.curriculum.controllers import MixingController, MixingInputs, bounded, controller_from
 from zephon_core.curriculum.definition import parse_definition
 from zephon_core.curriculum.journal import DENOMINATOR, Decision, Journal, quantize
@@ -174,12 +178,27 @@ class MixingLoader:
         return next(self._iter)
 
     def checkpoint(self) -> dict[str, Any]:
-        """The pipeline's state: its definition holds the journal (collective as ``Pipeline.checkpoint``)."""
+        """The pipeline's state: its definition holds the journal, its steering clock where the controller stands
+        (collective as ``Pipeline.checkpoint``)."""
+        self.pipeline.clock = self.clock()
         return self.pipeline.checkpoint()
+
+    def clock(self) -> Clock:
+        """Where the controller stands now: what a resume needs to make the next decision as this run will."""
+        return Clock(self._since_step, self.mixing.controller.name, self.mixing.controller.state(),
+                     tuple(self._loss_sum), tuple(self._loss_tokens))
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state`` on any data-parallel degree: its journal is replayed, not decided again, and the
-        controller continues from the state journaled with the last decision it made."""
+        controller continues from the state's steering clock (a state written before clocks were kept: from the
+        state journaled with the last decision it made, counting the interval from that decision)."""
+        clock = clock_of(state)
+        if clock is not None and clock.controller != self.mixing.controller.name:
+            raise ConfigError(f"the checkpoint was steered by controller {clock.controller!r}, this run's [mixing] "
+                              f"names {self.mixing.controller.name!r}; set controller = {clock.controller!r}")
+        if clock is not None and len(clock.loss_sum) != len(self.names):
+            raise ConfigError(f"the checkpoint's steering clock has {len(clock.loss_sum)} sources' losses, this "
+                              f"mixture has {len(self.names)} ({', '.join(self.names)}); use the run's recipe")
         journal = parse_definition(state["definition"]).journal
         if journal is not None and journal.decisions:
             if journal.weight_by != self.mixing.weight_by:
@@ -190,8 +209,12 @@ class MixingLoader:
             last = journal.decisions[-1]
             self._since_step = last.step
             mine = [d for d in journal.decisions if d.controller == self.mixing.controller.name]
-            if mine:
+            if mine and clock is None:
                 self.mixing.controller.load_state(mine[-1].state)
+        if clock is not None:
+            self._since_step = clock.asked_at
+            self.mixing.controller.load_state(clock.state)
+            self._loss_sum, self._loss_tokens = list(clock.loss_sum), list(clock.loss_tokens)
         self.pipeline.restore(state)
         self._iter = None
 

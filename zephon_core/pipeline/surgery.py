@@ -9,6 +9,7 @@ from typing import Any
 
 from zephon_core.batch import Cursor
 from zephon_core.checkpoint.state import make_state, parse_lanes
+from zephon_core.checkpoint.steering import clock_of
 from zephon_core.checkpoint.surgery import Journal, Quarantine, skip_of
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError, StateError
@@ -59,7 +60,8 @@ def quarantined_state(pipeline: Any, state: Mapping[str, Any], documents: Sequen
     pipeline.restore(state)
     pipeline.quarantine(documents)
     lanes = parse_lanes(state)
-    return make_state(state["definition"], state["canonical_replicas"], state["topology"], lanes, pipeline.surgery)
+    return make_state(state["definition"], state["canonical_replicas"], state["topology"], lanes, pipeline.surgery,
+                      clock_of(state))
 
 
 def steps_of(text: str, where: str) -> tuple[int, int]:
