@@ -38,6 +38,13 @@
    script's parsed arguments taken when the first attempt began, as a fresh parse of the
    same command line would.
 
+6. a megatron-core installed from its wheel ships the dataset helpers prebuilt
+   (``helpers_cpp``) but not the Makefile that ``pretrain()``'s rank 0 runs to build
+   them (``compile_helpers``), so every launch from a pip install stops there with
+   ``make: *** No targets specified``: when the prebuilt extension is there and the
+   Makefile is not, ``compile_helpers`` uses the prebuilt one (on every device: the CPU
+   shim did this alone before, so GPU launches failed).
+
 Call it before the training script imports ``pretrain`` by name (``from
 megatron.training import pretrain``): ``python -m zephon_megatron.launch``
 does this for you.
@@ -201,9 +208,25 @@ def wrap_destroy_global_state(original: Any) -> Any:
     return destroy_global_state
 
 
+def use_prebuilt_helpers() -> bool:
+    """Make ``compile_helpers`` a no-op when megatron-core's wheel ships ``helpers_cpp`` prebuilt and no Makefile
+    to build it (a source checkout, which has one, still compiles); whether it did."""
+    import importlib.util
+    from pathlib import Path
+
+    import megatron.core.datasets.utils as ds_utils
+
+    folder = Path(ds_utils.__file__).parent
+    if (folder / "Makefile").exists() or importlib.util.find_spec("megatron.core.datasets.helpers_cpp") is None:
+        return False
+    ds_utils.compile_helpers = lambda: None
+    return True
+
+
 def install() -> None:
     """Make this process's Megatron accept and use ``--dataloader-type zephon``."""
     install_arguments()
+    use_prebuilt_helpers()
     import megatron.training as mt
     import megatron.training.checkpointing as mck
     import megatron.training.training as mtt

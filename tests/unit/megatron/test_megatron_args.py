@@ -265,3 +265,23 @@ def test_megatrons_own_data_flags_are_refused_with_the_command_that_writes_a_rec
     plain = installed.parse_args(ignore_unknown_args=True)
     plain.data_parallel_size, plain.global_batch_size, plain.micro_batch_size = 1, 8, 1
     assert RunShape.from_args(plain, canonical_replicas=8).data_flags == ()
+
+
+def test_the_wheels_prebuilt_dataset_helpers_are_used_instead_of_make(monkeypatch, tmp_path):
+    """megatron-core's wheel ships helpers_cpp prebuilt and no Makefile: rank 0's compile_helpers() ran
+    ``make`` and exited the launch (found by the GPU check, where no CPU shim stubbed it). A source checkout
+    with a Makefile still compiles."""
+    import megatron.core.datasets.utils as ds_utils
+
+    from zephon_megatron.plugin import use_prebuilt_helpers
+
+    stock = ds_utils.compile_helpers
+    monkeypatch.setattr(ds_utils, "compile_helpers", stock)
+    with pytest.raises(SystemExit):
+        stock()  # the wheel as installed: make finds no Makefile and Megatron exits
+    assert use_prebuilt_helpers() and ds_utils.compile_helpers is not stock
+    ds_utils.compile_helpers()  # a no-op now
+    monkeypatch.setattr(ds_utils, "compile_helpers", stock)
+    monkeypatch.setattr(ds_utils, "__file__", str(tmp_path / "utils.py"))
+    (tmp_path / "Makefile").write_text("all:\n")
+    assert not use_prebuilt_helpers() and ds_utils.compile_helpers is stock

@@ -265,11 +265,7 @@ def _patch_cuda_rng(cuda: Any) -> None:
 
 def _patch_megatron() -> None:
     """Patches applied to Megatron modules (imported here, after torch.cuda)."""
-    import megatron.core.datasets.utils as ds_utils
     import megatron.core.tensor_parallel.random as mrandom
-
-    # The wheel lacks the Makefile; its prebuilt helpers_cpp extension is used.
-    ds_utils.compile_helpers = lambda: None
 
     def _get_state(device="cuda", clone=False, graph_safe=False):
         state = torch.get_rng_state()
