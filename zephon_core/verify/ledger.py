@@ -5,8 +5,9 @@ Two ways to build it from a checkpoint state, with the same rows (a property tes
 * from the run's batch audit logs, when their lines carry the batches' rows (``ledger_logs.ledger_from_logs``):
   no pipeline, no corpus read, no tokenizer; the state says which batches the ledger must hold;
 * by replay (``build_ledger``): every lane's batches up to the state's ``delivered`` count are cut again on one
-  process, with the state's surgery journal applied as the run applied it (skipped steps left out, quarantined
-  documents left out from where they were); this reads and tokenizes the corpus again.
+  process, over the recipe's mixture with the state's mixing journal replayed (a steered run's decided stages)
+  and its surgery journal applied as the run applied it (skipped steps left out, quarantined documents left out
+  from where they were); this reads and tokenizes the corpus again.
 
 Lane ``l``'s batch ``i`` is the same on every topology, so it is global step ``i // (batches_per_step / C) + 1``.
 Each row of the ledger is one stretch of a packed row: ``step, lane, lane_index, rank, row, source, document,
@@ -32,6 +33,7 @@ from zephon_core.checkpoint.surgery import LaneSkips, journal_of
 from zephon_core.errors import ConfigError, DataError
 from zephon_core.integration.batch_log import LoggedBatch
 from zephon_core.pipeline import Pipeline
+from zephon_core.pipeline.mixing import replay
 from zephon_core.sources.base import Source
 
 COLUMNS = ("step", "lane", "lane_index", "rank", "row", "source", "document", "start", "stop")
@@ -223,11 +225,11 @@ def ledger_of(table: np.ndarray, sources: Sequence[Source], digests: dict[tuple[
 
 def build_ledger(make: Callable[[], Pipeline], state: Mapping[str, Any], batches_per_step: int,
                  dp_degree: int | None = None) -> Ledger:
-    """The ledger of the run ``state`` is a checkpoint of, by replay; ``make()`` builds its pipeline on one group,
-    all lanes."""
+    """The ledger of the run ``state`` is a checkpoint of, by replay; ``make()`` builds its recipe's pipeline on one
+    group, all lanes (a steered run's journal is replayed over it here: a recipe it does not fit is refused)."""
     plan = plan_of(state, batches_per_step, dp_degree)
     owed = plan.owed()
-    pipeline = make()
+    pipeline = replay(make(), state)
     pipeline.surgery = journal_of(state)  # the run's skips and quarantines, as its lanes applied them
     parts: list[np.ndarray] = []
     digests: dict[tuple[int, int], str] = {}
