@@ -96,7 +96,8 @@ def test_the_ledger_agrees_with_the_audit_logs_on_every_step(runs):
     assert cmd[cmd.index("--batches-per-step") + 1] == str(BATCHES_PER_STEP)  # the documented shape is this run's
     cmd = [str(Path(sys.executable).parent / "zephon"), *cmd[1:], "--parquet", str(ledger)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert out.returncode == 0 and "every batch agrees" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.returncode == 0 and "identities and checksums verified" in out.stdout, \
+        out.stdout[-3000:] + out.stderr[-3000:]
     table = pq.read_table(ledger, columns=["step", "lane", "lane_index"]).to_pylist()
     in_ledger: dict[int, set[tuple[int, int]]] = {}
     for row in table:

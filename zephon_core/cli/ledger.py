@@ -26,14 +26,16 @@ def _build(a: argparse.Namespace, recipe: Any, state: Any, B: int, logged: list[
 
 
 def run(a: argparse.Namespace) -> int:
-    from zephon_core.report.inputs import read_logs
+    from zephon_core.integration.batch_log import run_fingerprint
+    from zephon_core.verify.log_timelines import read_run_logs
 
     recipe = load(a.recipe)
     state = load_checked_state(a.state)
     paths = sorted(p for pattern in a.logs or () for p in glob.glob(pattern))
     if a.logs and not paths:
         raise CliError(f"--logs {' '.join(a.logs)}: no such file")
-    logged = read_logs(paths)
+    logs = read_run_logs(paths, run_fingerprint(state["definition"]))
+    logged = logs.logged
     ledger = _build(a, recipe, state, a.batches_per_step or int(state["canonical_replicas"]), logged)
     steps = int(ledger.columns["step"].max()) if len(ledger) else 0
     how = (f"from the batch audit logs ({len(paths)} files; no replay)" if ledger.built == "logs" else
@@ -41,6 +43,8 @@ def run(a: argparse.Namespace) -> int:
     print(f"{a.state}: {len(ledger.digests)} batches, {steps} steps, {len(ledger)} rows, "
           f"{len(ledger.documents())} documents; built {how}")
     if a.step is not None:
+        if not 1 <= a.step <= steps:
+            raise CliError(f"--step {a.step}: the ledger of {a.state} has steps 1..{steps}; give one of them")
         print(f"step {a.step}: lane batch rank row  source#document[start:stop] hash")
         for lane, index, rank, row, source, doc, start, stop, h in ledger.rows_of(a.step):
             print(f"  {lane} {index} {rank} {row}  {source}#{doc}[{start}:{stop}] {h}")
@@ -53,13 +57,21 @@ def run(a: argparse.Namespace) -> int:
         print(f"wrote {a.parquet}")
     if not logged:
         return 0
+    if logs.abandoned:
+        print(f"  rolled back: {sum(logs.abandoned.values())} logged batch(es) of launch(es) "
+              f"{', '.join(sorted(logs.abandoned))} were trained again by a later launch with other content; the "
+              "later launch's are the run's")
     if ledger.extras:
         print(f"  {len(ledger.extras)} logged batch(es) are not the state's (trained after it was taken, or in a "
               f"skipped step), first {ledger.extras[0]}")
-    problems = [] if ledger.built == "logs" else ledger.check_logs(logged)
+    if ledger.built == "logs":  # nothing was compared with a replay: say what was checked
+        print(f"batch logs ({len(paths)} files): the ledger built from them; {logs.checked()}; batches logged "
+              "by several ranks agree")
+        return 0
+    problems = ledger.check_logs(logged)
     for problem in problems:
         print(f"  LOG: {problem}")
-    print(f"batch logs ({len(paths)} files): " + ("differ" if problems else "every batch agrees"))
+    print(f"batch logs ({len(paths)} files): " + ("differ" if problems else "every batch agrees with the replay"))
     return 1 if problems else 0
 
 

@@ -17,7 +17,8 @@ live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds
 * ``source_loss``: per-source training loss (``label_sources(batch)``: a source id per label token;
   ``SourceLoss``, a step's reduced figures; ``add_source_loss_hook`` / ``publish_source_loss``);
 * ``batch_log``: the per-batch audit log (``ZEPHON_BATCH_LOG``): ``audited(batches, rank)`` is its one
-  writer (``batch_of``: the batch, or a received batch's identity, ``LoggedBatch``, in what is taken),
+  writer (``batch_of``: the batch, or a received batch's identity, ``LoggedBatch``, in what is taken;
+  ``identity``: ``log_identity(pipeline.definition())``, the run and launch each line carries),
   ``read_batch_log`` reads it;
 * ``state_readers``: reading a state out of JSON or, through the readers adapters register, their
   framework's checkpoints (``StateReader``);
@@ -43,7 +44,9 @@ from zephon_core.integration.batch_log import (
 from zephon_core.integration.batch_log import (
     Audited,
     LoggedBatch,
+    LogIdentity,
     audited,
+    log_identity,
     log_line,
     open_batch_log,
     read_batch_log,
@@ -123,6 +126,8 @@ __all__ = [
     "load_state",
     "load_training_recipe",
     "load_tokenizer",
+    "LogIdentity",
+    "log_identity",
     "log_line",
     "next_multiple",
     "lanes_line",

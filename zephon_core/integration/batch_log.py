@@ -18,31 +18,84 @@ ledger (``verify.ledger_logs``) is built from these without reading the corpus.
 The global step of a batch is
 ``lane_index // (batches_per_step / canonical_replicas)`` on every topology,
 so logs of runs on different numbers of ranks compare step by step.
-Lines of the earlier formats (``lane lane_index digest``, and the six fields
-before ``rows``) are still read; their ``rows`` is empty.
+Each line ends with whose it is and its own check::
 
-An adapter wraps the batches it trains on in ``audited(batches, rank)``, which logs each one as it
-is taken, and is the one writer of the log: items that are not batches themselves (a live step's
-``(batch, weight)`` pairs, a micro-batch received from a peer) name their batch through ``batch_of``,
+    ... rows RUN@LAUNCH CRC
+
+``RUN`` is the run's fingerprint (``run_fingerprint``: 16 hex digits of what the data definition keeps for
+the whole run, so a steering decision or an appended stage leaves it as it was), ``LAUNCH`` the label of the
+launch that wrote the line (``launch_id``: its UTC start time and process id, made once per process; a label,
+never data), ``CRC`` the crc32 of the line's text before it (8 hex digits). A reader refuses a line whose
+checksum does not match (altered, or torn by a crash mid-write), a last line without its line end (torn), a
+file that is not UTF-8 text, and a file holding lines of two runs or of two formats, each naming the file and
+line. Lines of the earlier formats (``lane lane_index digest``, the six fields before ``rows``, and the seven
+without ``RUN@LAUNCH CRC``) are still read: their ``rows`` is empty in the first two, and no identity or
+checksum is checked.
+
+An adapter wraps the batches it trains on in ``audited(batches, rank, identity=log_identity(definition))``,
+which logs each one as it is taken, and is the one writer of the log: items that are not batches themselves
+(a live step's ``(batch, weight)`` pairs, a micro-batch received from a peer) name their batch through ``batch_of``,
 and a trainer that cuts its batches step by step feeds each step's to the same log (``Audited.over``).
 A peer that received only a batch's identity (a ``LoggedBatch`` without counts) writes a line of the
-first format. ``read_batch_log`` reads a log back.
+first format, with the run the sender's batch carries. ``read_batch_log`` reads a log back
+(``numbered_lines``: with each line's number).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, NamedTuple, TextIO, TypeVar
 
 import numpy as np
 
 from zephon_core.batch import Batch
+from zephon_core.checkpoint.state import fingerprint_of
+from zephon_core.curriculum.definition import parse_definition
 from zephon_core.errors import DataError
 
 ENV = "ZEPHON_BATCH_LOG"
+_ID = re.compile(r"([0-9a-f]{16})@([A-Za-z0-9._:-]{1,64})")
+_CRC = re.compile(r"[0-9a-f]{8}")
+_LAUNCH: list[str] = []  # this process's launch label, made at its first use
+
+
+class LogIdentity(NamedTuple):
+    """Whose the lines are: the run (``run_fingerprint``) and the launch that wrote them (``launch_id``)."""
+
+    run: str
+    launch: str
+
+
+def run_fingerprint(definition: Mapping[str, Any]) -> str:
+    """16 hex digits naming the run of a data definition (a pipeline's ``definition()``, a state's ``definition``).
+
+    It hashes what stays the same for the whole run: the sources (names and content fingerprints), seed,
+    chunking, shuffle, the first stage's weights and the operators. A steering decision or a stage appended on
+    resume (which change the definition's own fingerprint) leave it as it was, so one run's lines all carry it.
+    """
+    parsed = parse_definition(definition)
+    ws = parsed.work_source
+    kept: Any = definition["work_source"] if ws is None else {
+        "seed": ws.seed, "chunk_size": ws.chunk_size, "exhausted": ws.exhausted, "shuffle": ws.shuffle,
+        "sources": [s.definition(weight=False) for s in ws.sources], "first": ws.stages[0].data()}
+    return fingerprint_of({"work_source": kept, "ops": list(parsed.ops)})[:16]
+
+
+def launch_id() -> str:
+    """This process's launch label: its UTC start time and pid (``20250102T030405Z-4242``), made once; labels of
+    launches that share no log file sort by their time."""
+    if not _LAUNCH:
+        _LAUNCH.append(time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}")
+    return _LAUNCH[0]
+
+
+def log_identity(definition: Mapping[str, Any]) -> LogIdentity:
+    """The identity this process's lines of the run of ``definition`` carry."""
+    return LogIdentity(run_fingerprint(definition), launch_id())
 
 
 def open_batch_log(rank: int) -> TextIO | None:
@@ -60,15 +113,18 @@ T = TypeVar("T")
 
 class Audited(Iterator[T], Generic[T]):
     """``items`` as they are taken, the batch of each (``batch_of``; None: a pad, not logged) written to the
-    batch log first (when one is open); ``close()`` closes the log. ``iter(items)`` is called at the first
-    item, not before."""
+    batch log first (when one is open), each line with ``identity`` (None: the run a ``LoggedBatch`` carries,
+    with this process's launch); ``close()`` closes the log. ``iter(items)`` is called at the first item, not
+    before."""
 
     def __init__(self, items: Iterable[T], log: TextIO | None,
-                 batch_of: Callable[[T], Batch | LoggedBatch | None] | None = None) -> None:
+                 batch_of: Callable[[T], Batch | LoggedBatch | None] | None = None,
+                 identity: LogIdentity | None = None) -> None:
         self._items = items
         self._it: Iterator[T] | None = None
         self._batch_of = batch_of
         self.log = log
+        self.identity = identity
 
     def __next__(self) -> T:
         if self._it is None:
@@ -77,7 +133,10 @@ class Audited(Iterator[T], Generic[T]):
         if self.log is not None:
             batch: Any = item if self._batch_of is None else self._batch_of(item)
             if batch is not None:
-                self.log.write(log_line(batch))
+                identity = self.identity
+                if identity is None and isinstance(batch, LoggedBatch) and batch.run:
+                    identity = LogIdentity(batch.run, launch_id())
+                self.log.write(log_line(batch, identity))
         return item
 
     def over(self, items: Iterable[T]) -> Audited[T]:
@@ -92,15 +151,18 @@ class Audited(Iterator[T], Generic[T]):
 
 
 def audited(items: Iterable[T], rank: int, *,
-            batch_of: Callable[[T], Batch | LoggedBatch | None] | None = None) -> Audited[T]:
+            batch_of: Callable[[T], Batch | LoggedBatch | None] | None = None,
+            identity: LogIdentity | None = None) -> Audited[T]:
     """``items`` (batches, or anything ``batch_of`` finds a batch or a ``LoggedBatch`` in), each logged to
-    ``ZEPHON_BATCH_LOG`` for ``rank`` (opened now) as it is taken; unchanged when it is unset."""
-    return Audited(items, open_batch_log(rank), batch_of)
+    ``ZEPHON_BATCH_LOG`` for ``rank`` (opened now) as it is taken, with ``identity`` (``log_identity`` of the
+    pipeline's definition; None only where the batches carry their run); unchanged when it is unset."""
+    return Audited(items, open_batch_log(rank), batch_of, identity)
 
 
 class LoggedBatch(NamedTuple):
     """One line of a batch audit log; ``stage`` is -1 and the counts empty in a line of the first format, ``rows``
-    empty in a line of the first two (kept as the line's text: most readers never decode it)."""
+    empty in a line of the first two (kept as the line's text: most readers never decode it); ``run`` and
+    ``launch`` empty in a line of an earlier format."""
 
     lane: int
     lane_index: int
@@ -109,6 +171,8 @@ class LoggedBatch(NamedTuple):
     tokens: dict[int, int]
     documents: dict[int, int]
     rows: str = ""
+    run: str = ""
+    launch: str = ""
 
     def stretches(self) -> np.ndarray:
         """The batch's ``(row, source, document, start, stop)`` stretches, as ``Batch.segments`` held them (none
@@ -116,9 +180,10 @@ class LoggedBatch(NamedTuple):
         return decode_rows([self.rows], [""]).reshape(-1, 5)
 
     @classmethod
-    def identity(cls, lane: int, lane_index: int, digest: str) -> LoggedBatch:
-        """A batch known by its identity alone (its stage and counts unknown): a line of the first format."""
-        return cls(lane, lane_index, digest, -1, {}, {})
+    def identity(cls, lane: int, lane_index: int, digest: str, run: str = "") -> LoggedBatch:
+        """A batch known by its identity alone (its stage and counts unknown): a line of the first format, of
+        ``run`` (``run_fingerprint``) when given."""
+        return cls(lane, lane_index, digest, -1, {}, {}, run=run)
 
 
 def _pairs(counts: np.ndarray) -> str:
@@ -155,20 +220,31 @@ def decode_rows(rows: Iterable[str], heads: Iterable[str]) -> np.ndarray:
     return np.fromstring(" ".join(parts).replace(".", " "), dtype=np.int64, sep=" ")
 
 
-def log_line(batch: Batch | LoggedBatch) -> str:
-    """The audit line of one delivered batch; of a ``LoggedBatch`` without a stage (a batch's identity alone,
-    as a peer receives it), a line of the first format."""
+def log_line(batch: Batch | LoggedBatch, identity: LogIdentity | None = None) -> str:
+    """The audit line of one delivered batch, ending with ``identity`` and the line's crc32 (the module docstring
+    says the form); of a ``LoggedBatch`` without a stage (a batch's identity alone, as a peer receives it), a line
+    of the first format. A ``LoggedBatch`` read back writes the line it was read from."""
+    if isinstance(batch, LoggedBatch) and identity is None and batch.launch:
+        identity = LogIdentity(batch.run, batch.launch)
+    text = _fields(batch)
+    if identity is None:
+        return text + "\n"
+    text += f" {identity.run}@{identity.launch}"
+    return f"{text} {zlib.crc32(text.encode()):08x}\n"
+
+
+def _fields(batch: Batch | LoggedBatch) -> str:
     if isinstance(batch, LoggedBatch):
         if batch.stage < 0:
-            return f"{batch.lane} {batch.lane_index} {batch.digest}\n"
+            return f"{batch.lane} {batch.lane_index} {batch.digest}"
         logged = [",".join(f"{s}:{n}" for s, n in counts.items()) or "-" for counts in (batch.tokens, batch.documents)]
         rows = f" {batch.rows}" if batch.rows else ""
-        return f"{batch.lane} {batch.lane_index} {batch.digest} {batch.stage} {logged[0]} {logged[1]}{rows}\n"
+        return f"{batch.lane} {batch.lane_index} {batch.digest} {batch.stage} {logged[0]} {logged[1]}{rows}"
     seg = batch.segments
     tokens = np.bincount(seg[:, 1], weights=seg[:, 4] - seg[:, 3]) if len(seg) else np.zeros(0)
     documents = np.bincount(seg[seg[:, 3] == 0, 1]) if len(seg) else np.zeros(0)
     return (f"{batch.lane} {batch.lane_index} {batch.digest} {batch.stage} {_pairs(tokens)} {_pairs(documents)} "
-            f"{encode_rows(seg)}\n")
+            f"{encode_rows(seg)}")
 
 
 def _parse_pairs(text: str) -> dict[int, int]:
@@ -178,7 +254,17 @@ def _parse_pairs(text: str) -> dict[int, int]:
 
 
 def _parsed(line: str) -> LoggedBatch | None:
+    """The line's batch; None when it is malformed, its checksum does not match, or it is a line with an
+    identity that ``parse_line`` must explain."""
     fields = line.split()
+    if len(fields) in (5, 9) and _CRC.fullmatch(fields[-1]) and (found := _ID.fullmatch(fields[-2])):
+        body = line.rstrip("\r\n").rsplit(" ", 1)[0]
+        b = _old(fields[:-2]) if zlib.crc32(body.encode()) == int(fields[-1], 16) else None
+        return None if b is None else b._replace(run=found[1], launch=found[2])
+    return _old(fields)
+
+
+def _old(fields: list[str]) -> LoggedBatch | None:
     try:
         if len(fields) == 3:
             return LoggedBatch(int(fields[0]), int(fields[1]), fields[2], -1, {}, {})
@@ -191,18 +277,53 @@ def _parsed(line: str) -> LoggedBatch | None:
 
 
 def parse_line(line: str, where: str = "batch log") -> LoggedBatch:
-    """One audit line (any format); a malformed line is a ``DataError`` naming ``where``."""
+    """One audit line (any format); a malformed or damaged line is a ``DataError`` naming ``where``."""
     batch = _parsed(line)
     if batch is None:
-        raise DataError(f"{where}: not a batch audit line (want 'lane lane_index digest stage tokens documents rows'): "
-                        f"{line.strip()[:80]!r}")
+        fields = line.split()
+        if len(fields) in (5, 9) and _CRC.fullmatch(fields[-1]) and _ID.fullmatch(fields[-2]):
+            raise DataError(f"{where}: a damaged batch audit line (its crc32 {fields[-1]} is not its text's): the "
+                            "file was altered or torn mid-write; restore the file, or build the ledger by replay "
+                            "(--replay)")
+        raise DataError(f"{where}: not a batch audit line (want 'lane lane_index digest stage tokens documents rows "
+                        f"RUN@LAUNCH CRC'): {line.strip()[:80]!r}")
     return batch
 
 
+def numbered_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, LoggedBatch]]:
+    """The batches of one audit log file with their line numbers, in the order the rank trained on them. A torn
+    last line (no line end), a line that is not UTF-8, a damaged line, or a file mixing runs or formats is a
+    ``DataError`` naming the file (as given) and the line."""
+    first: tuple[int, LoggedBatch] | None = None
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.endswith(b"\n"):
+                raise DataError(f"{path} line {n}: the last line is cut short (no line end): torn by a crash "
+                                "mid-write; delete that line (its batch is then missing: give the checkpoint before "
+                                "it, or build the ledger by replay)")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{path} line {n}: not UTF-8 text: a binary file or a damaged line, not a batch "
+                                "audit log; give the files ZEPHON_BATCH_LOG named") from None
+            if not line.strip():
+                continue
+            batch = _parsed(line)
+            if batch is None:
+                batch = parse_line(line, f"{path} line {n}")
+            if first is None:
+                first = (n, batch)
+            elif batch.run != first[1].run:
+                raise DataError(f"{path} line {n}: {_whose(batch)}, line {first[0]} {_whose(first[1])}: one file "
+                                "holds lines of two runs (or of two formats); give each run's logs in files of its own")
+            yield n, batch
+
+
+def _whose(b: LoggedBatch) -> str:
+    return f"of run {b.run}" if b.run else "without a run (an earlier format)"
+
+
 def read_batch_log(path: str | os.PathLike[str]) -> Iterator[LoggedBatch]:
-    """The batches of one audit log file, in the order the rank trained on them."""
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                batch = _parsed(line)
-                yield batch if batch is not None else parse_line(line, f"{Path(path).name} line {n}")
+    """The batches of one audit log file, in the order the rank trained on them (``numbered_lines``' checks)."""
+    for _, batch in numbered_lines(path):
+        yield batch

@@ -12,7 +12,6 @@ A file that is neither is refused in one line naming it.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,8 +21,9 @@ from typing import Any
 from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.curriculum.definition import parse_definition
 from zephon_core.errors import CliError, DataError, StateError
-from zephon_core.integration.batch_log import LoggedBatch, parse_line, read_batch_log
+from zephon_core.integration.batch_log import LoggedBatch, parse_line
 from zephon_core.integration.state_readers import StateReadError, load_state
+from zephon_core.verify.log_timelines import read_run_logs
 
 # A checkpoint of a series: TorchTitan's step-N folders, Megatron's iter_NNNNNNN ones (or such JSON files).
 STEP_NAME = re.compile(r"(?:step-|iter_)(\d+)(?:\.json)?")
@@ -117,12 +117,10 @@ def read_state(path: str) -> dict[str, Any]:
 
 
 def read_logs(paths: Sequence[str]) -> list[tuple[str, LoggedBatch]]:
-    """Every batch of the audit logs, each with the name of the file it was read from."""
-    out = []
-    for path in paths:
-        for b in read_batch_log(path):
-            out.append((os.path.basename(path), b))
-    return out
+    """Every batch of the audit logs, each with where it was read (``path line N``), as one timeline: a
+    rolled-back launch's batches left out (``verify.log_timelines``); a torn, damaged or binary file, or one of two
+    runs, is refused naming the file and line."""
+    return read_run_logs(paths).logged
 
 
 def row_shape(definition: Mapping[str, Any]) -> tuple[int, int] | None:

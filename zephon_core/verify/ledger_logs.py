@@ -5,7 +5,8 @@ The lines of the present log format say which documents each batch held (``integ
 lane's batches below its ``delivered`` count, less the steps its surgery journal skipped. Each of those must be
 in the logs, with its rows; a batch several ranks logged (tensor- or pipeline-parallel peers, a rank that
 trained it again after a resume or a torchft retry) must have the same digest, and the same rows where its lines
-say them, everywhere. Logged batches the state does not hold (trained after the state was taken, or before a
+say them, everywhere (after a rollback, the abandoned launch's lines are set aside first: ``log_timelines``).
+Logged batches the state does not hold (trained after the state was taken, or before a
 rollback in steps the journal then skipped) are left out and named, each once, in ``Ledger.extras``: logs that
 run on past the checkpoint are the usual case, not an error.
 """
@@ -59,8 +60,9 @@ def _agree(had: tuple[str, LoggedBatch], new: tuple[str, LoggedBatch]) -> None:
     (w0, a), (w1, b) = had, new
     what = "digest" if a.digest != b.digest else "rows" if a.rows and b.rows and a.rows != b.rows else None
     if what is not None:
-        raise DataError(f"lane {a.lane} batch {a.lane_index}: its {what} in {w0} and in {w1} differ: "
-                        "these logs are not of one run (or a line was altered)")
+        raise DataError(f"lane {a.lane} batch {a.lane_index}: its {what} in {w0} and in {w1} differ, in lines of one "
+                        "launch (or of an earlier format, without one): a line was altered, or these logs are not of "
+                        "one run")
 
 
 def _check_complete(plan: Plan, kept: Mapping[tuple[int, int], tuple[str, LoggedBatch]]) -> None:

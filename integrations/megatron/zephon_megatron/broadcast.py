@@ -29,7 +29,7 @@ _F_ATTN, _F_CU, _F_CHECK, _F_SRC = 1, 2, 4, 8
 
 
 class MicroBatch(dict):
-    """A micro-batch dict that also carries its batch's identity (``meta``: lane, index in the lane, digest).
+    """A micro-batch dict that also carries its batch's identity (``meta``: lane, index in the lane, digest, run).
 
     ``key in batch`` is False for pieces that are None, so scripts that test for
     an optional piece (``"attention_mask" in data``) and scripts that index it
@@ -88,8 +88,9 @@ def _pack(batch: MicroBatch, device: Any, verify: bool) -> tuple[list[int], torc
              | (_F_SRC if sources is not None else 0))
     d0, d1 = _digest_words(meta.digest) if meta else (0, 0)
     c0, c1 = _checksum(payload) if verify else (0, 0)
+    run = _digest_words(meta.run)[1] if meta and meta.run else 0  # the run fingerprint's 16 hex digits
     values = [B, L, flags, cu.shape[1] if cu is not None else 0, meta.lane if meta else -1,
-              meta.lane_index if meta else -1, d0, d1, c0, c1, payload.numel(), 0]
+              meta.lane_index if meta else -1, d0, d1, c0, c1, payload.numel(), run]
     return values, payload
 
 
@@ -107,7 +108,7 @@ def broadcast_microbatch(batch: MicroBatch | None, *, src: int, group: Any, veri
         values, payload = _pack(batch, device, verify)
         header.copy_(torch.tensor(values, dtype=torch.int64))
     dist.broadcast(header, src, group=group)
-    B, L, flags, cu_w, lane, lane_index, d0, d1, c0, c1, n, _ = (int(v) for v in header.cpu().tolist())
+    B, L, flags, cu_w, lane, lane_index, d0, d1, c0, c1, n, run = (int(v) for v in header.cpu().tolist())
     if not sender:
         payload = torch.empty(n, dtype=torch.int64, device=device)
     dist.broadcast(payload, src, group=group)
@@ -139,5 +140,6 @@ def broadcast_microbatch(batch: MicroBatch | None, *, src: int, group: Any, veri
         start += B * cu_w + B
     if flags & _F_SRC:
         out["zephon_sources"] = payload[start : start + BL].view(B, L)
-    out.meta = LoggedBatch.identity(lane, lane_index, _words_digest(d0, d1)) if lane >= 0 else None
+    out.meta = (LoggedBatch.identity(lane, lane_index, _words_digest(d0, d1), _words_digest(0, run)[16:] if run else "")
+                if lane >= 0 else None)
     return out

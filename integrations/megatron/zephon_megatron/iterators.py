@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from zephon_core import Batch, Pipeline
-from zephon_core.integration import Audited, LoggedBatch, MixingLoader, audited
+from zephon_core.integration import Audited, LoggedBatch, MixingLoader, audited, log_identity
 from zephon_megatron import state as loader_state
 from zephon_megatron.batches import BatchFormat, to_megatron, to_torch
 from zephon_megatron.broadcast import MicroBatch
@@ -40,17 +40,18 @@ def global_rank() -> int:
 def received_log() -> Audited[MicroBatch]:
     """The batch log (``zephon_core.integration.batch_log``) of this process's global rank for the micro-batches
     it receives from tensor-parallel rank 0 (``Audited.over`` each one; no log when ``ZEPHON_BATCH_LOG`` is unset):
-    a line of each one's identity."""
+    a line of each one's identity, with the run the sender named (``broadcast``) and this process's launch."""
     return audited((), global_rank(), batch_of=lambda mb: mb.meta)
 
 
-def micro_batch(b: Batch, fmt: BatchFormat, *, audit: bool = True) -> MicroBatch:
-    """Convert; ``audit`` attaches the batch's identity (training batches only: peers log it)."""
+def micro_batch(b: Batch, fmt: BatchFormat, *, audit: bool = True, run: str = "") -> MicroBatch:
+    """Convert; ``audit`` attaches the batch's identity, of ``run`` (``run_fingerprint``; training batches only:
+    peers log it)."""
     mb = MicroBatch(to_torch(to_megatron(b, fmt)))
     if mb.get("cu_seqlens") is None:
         dict.pop(mb, "cu_seqlens", None)
         dict.pop(mb, "max_seqlen", None)
-    mb.meta = LoggedBatch.identity(b.lane, b.lane_index, b.digest) if audit else None
+    mb.meta = LoggedBatch.identity(b.lane, b.lane_index, b.digest, run) if audit else None
     return mb
 
 
@@ -82,7 +83,9 @@ class TrainStream:
         self._readers: list[ZephonTrainIterator] = []
         self._buffer: deque[MicroBatch] = deque()  # taken, not yet read by every reader
         self._base = 0  # stream position of _buffer[0]
-        self._batches: Audited = audited(pipeline, global_rank())  # iterated from the first micro-batch taken
+        built = pipeline.pipeline if isinstance(pipeline, MixingLoader) else pipeline
+        self.identity = log_identity(built.definition())
+        self._batches: Audited = audited(pipeline, global_rank(), identity=self.identity)  # iterated when first taken
 
     def reader(self) -> ZephonTrainIterator:
         """A new data iterator for one more model chunk."""
@@ -102,7 +105,7 @@ class TrainStream:
 
     def _take(self) -> None:
         b = next(self._batches)
-        self._buffer.append(micro_batch(b, self.fmt))
+        self._buffer.append(micro_batch(b, self.fmt, run=self.identity.run))
         self.produced += 1
         self.counter.count()
 

@@ -29,6 +29,7 @@ from zephon_core.integration import (
     apply_surgery,
     audited,
     lanes_line,
+    log_identity,
     next_multiple,
     parse_lanes,
     refuse,
@@ -222,7 +223,7 @@ class ZephonStream:
             self.refuse_skips_ahead()
             # The MixingLoader itself: it follows each decision's rebuilt pipeline.
             self._iter = iter(self.mixing if self.mixing is not None else self._built)
-        for b in audited(self._iter, coordination_identity()[1]):
+        for b in audited(self._iter, coordination_identity()[1], identity=log_identity(self._built.definition())):
             if self.source_loss is not None:
                 self.source_loss.delivered(b)
             yield to_torchtitan(b)

@@ -43,7 +43,7 @@ from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.trainer import Trainer
 
 from zephon_core import Batch
-from zephon_core.integration import BATCH_LOG_ENV, Audited, IntegrationError, audited
+from zephon_core.integration import BATCH_LOG_ENV, Audited, IntegrationError, audited, log_identity
 from zephon_core.live import LiveLanes, LiveStep
 from zephon_torchft import LiveData
 from zephon_torchtitan.core import IGNORE_INDEX, ZephonStream, coordination_identity, to_torchtitan
@@ -263,7 +263,8 @@ class ZephonFTTrainer(FaultTolerantTrainer):
         self._batches = self.batch_generator(self._feed)
         rank = coordination_identity()[1]
         # Each attempt's batches are logged when cut (``over``); a pad (None) is not a batch.
-        self._cut: Audited[tuple[Batch | None, float]] = audited((), rank, batch_of=lambda item: item[0])
+        self._cut: Audited[tuple[Batch | None, float]] = audited(
+            (), rank, batch_of=lambda item: item[0], identity=log_identity(self.stream.pipeline.definition()))
         self._step_log = _open_step_log(rank)
 
     @property

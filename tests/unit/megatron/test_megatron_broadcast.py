@@ -25,7 +25,9 @@ def _batches(fmt_name: str, n: int = 3):
 
     docs = [[10 + d] * (1 + d % 6) + [9] for d in range(30)]
     p = Pipeline(StaticMixture([MemorySource(docs)], seed=2, chunk_size=4)).pack(10).batch(2).options(canonical_replicas=1)
-    return [micro_batch(b, FORMATS[fmt_name]) for b, _ in zip(p, range(n))]
+    return [micro_batch(b, FORMATS[fmt_name], run=RUN) for b, _ in zip(p, range(n))]
+
+RUN = "f55e6e8d38500546"  # a run fingerprint, as TrainStream names it
 
 
 def _worker(rank: int, out: str) -> None:
@@ -40,7 +42,7 @@ def _worker(rank: int, out: str) -> None:
         for mb in _batches(fmt_name):
             got = broadcast_microbatch(mb if rank == 0 else None, src=0, group=dist.group.WORLD, verify=verify)
             rows.append({k: (v.numpy() if v is not None else None) for k, v in dict.items(got)})
-            rows[-1]["meta"] = None if got.meta is None else log_line(got.meta)
+            rows[-1]["meta"] = None if got.meta is None else (log_line(got.meta), got.meta.run)
         results[fmt_name] = rows
     torch.save(results, f"{out}.{rank}")
     solo = dist.new_group([0])
@@ -88,7 +90,7 @@ def test_peers_receive_exactly_what_rank_zero_sent(exchanged, fmt_name):
         for k, v in a.items():
             if isinstance(v, np.ndarray):
                 assert v.dtype == b[k].dtype and v.shape == b[k].shape and (v == b[k]).all(), k
-        assert a["meta"] == b["meta"] and len(a["meta"].split()) == 3
+        assert a["meta"] == b["meta"] and len(a["meta"][0].split()) == 3 and a["meta"][1] == RUN  # the run travels
         assert b["tokens"].dtype == np.int64 and b["loss_mask"].dtype == np.float32
         if fmt_name == "masks":
             assert b["attention_mask"].dtype == bool and b["attention_mask"].shape == (2, 1, 10, 10)

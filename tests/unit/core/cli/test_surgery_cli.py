@@ -14,7 +14,7 @@ from support.cli import zephon
 from support.doc_commands import documented
 
 from zephon_core.checkpoint.surgery import journal_of
-from zephon_core.integration.batch_log import log_line
+from zephon_core.integration.batch_log import log_identity, log_line, parse_line
 from zephon_core.verify.simulate import Phase, first_mismatch, run_phase
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -31,11 +31,12 @@ def _make(G: int, g: int):
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory):
     """A folder holding run/state.json, the demo recipe after 2 global steps of 8 batches on 2 groups, and the
-    groups' batch audit logs run/batches-{rank}.log."""
+    groups' batch audit logs run/batches-{rank}.log (lines of the present format: with the run's identity)."""
     out = tmp_path_factory.mktemp("run")
     (out / "run").mkdir()
     logs = {g: (out / "run" / f"batches-{g}.log").open("w") for g in (0, 1)}
-    _, state = run_phase(_make, Phase(2, 2), 8, None, on_batch=lambda g, b: logs[g].write(log_line(b)))
+    identity = log_identity(_make(1, 0).definition())
+    _, state = run_phase(_make, Phase(2, 2), 8, None, on_batch=lambda g, b: logs[g].write(log_line(b, identity)))
     for f in logs.values():
         f.close()
     (out / "run" / "state.json").write_text(json.dumps(state))
@@ -110,20 +111,19 @@ def test_the_ledger_from_logs_refuses_a_missing_or_altered_line_naming_it(run_fo
     r = zephon(*args)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert f"lane {lane} batch {index} (step {int(index) + 1}) is in no log" in r.stderr  # a lane's batch a step
-    fields = lines[3].split()
-    fields[2] = "0" * 32
-    (tmp_path / "batches-9.log").write_text(" ".join(fields) + "\n")
+    peer = parse_line(lines[3])._replace(digest="0" * 32)  # a peer of the same launch logged it with another digest
+    (tmp_path / "batches-9.log").write_text(log_line(peer))
     (tmp_path / "batches-1.log").write_text("".join(lines))
     r = zephon(*args)
-    assert r.returncode == 1 and f"lane {lane} batch {index}: its digest in batches-1.log and in batches-9.log" \
-        in r.stderr, r.stderr
+    assert r.returncode == 1 and f"lane {lane} batch {index}: its digest in {tmp_path}/batches-1.log line 4 and in " \
+        f"{tmp_path}/batches-9.log line 1 differ" in r.stderr, r.stderr
     (tmp_path / "batches-9.log").unlink()
-    fields = lines[3].split()
-    fields[6] = fields[6].replace(".", ".1", 1)  # its first stretch names another document
-    (tmp_path / "batches-1.log").write_text("".join(lines[:3] + [" ".join(fields) + "\n"] + lines[4:]))
+    moved = parse_line(lines[3])
+    moved = moved._replace(rows=moved.rows.replace(".", ".1", 1))  # its first stretch names another document
+    (tmp_path / "batches-1.log").write_text("".join(lines[:3] + [log_line(moved)] + lines[4:]))
     r = zephon(*args, "--replay")
-    assert r.returncode == 1 and f"LOG: lane {lane} batch {index} (batches-1.log): the log's rows are not the " \
-        "ledger's" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 1 and f"LOG: lane {lane} batch {index} ({tmp_path}/batches-1.log line 4): the log's rows " \
+        "are not the ledger's" in r.stdout, r.stdout + r.stderr
 
 
 def test_blame_refuses_a_line_that_is_not_a_loss_line(tmp_path):

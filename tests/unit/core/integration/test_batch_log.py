@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from zephon_core import MemorySource, Pipeline, StaticMixture
-from zephon_core.integration import BATCH_LOG_ENV, LoggedBatch, audited, log_line, read_batch_log
+from zephon_core.integration import BATCH_LOG_ENV, LoggedBatch, audited, log_identity, log_line, read_batch_log
 
 
 def _pipeline() -> Pipeline:
@@ -62,3 +62,21 @@ def read_batch_log_of(folder, batch):
     path = folder / "one.log"
     path.write_text(log_line(batch))
     return read_batch_log(path)
+
+
+def test_every_line_carries_the_run_and_launch_and_a_peer_writes_the_run_its_sender_named(tmp_path, monkeypatch):
+    """Issue #40: a line names its run (the definition's ``run_fingerprint``) and launch, and checks itself."""
+    monkeypatch.setenv(BATCH_LOG_ENV, str(tmp_path / "b-{rank}.log"))
+    identity = log_identity(_pipeline().definition())
+    batches = audited(_pipeline(), 0, identity=identity)
+    taken = [next(batches) for _ in range(3)]
+    batches.close()
+    read = list(read_batch_log(tmp_path / "b-0.log"))
+    assert {(b.run, b.launch) for b in read} == {tuple(identity)} and len(identity.run) == 16
+    assert (tmp_path / "b-0.log").read_text() == "".join(log_line(b, identity) for b in taken) == "".join(
+        log_line(b) for b in read)  # a line read back writes itself again, identity and checksum included
+    peer = audited([LoggedBatch.identity(taken[0].lane, taken[0].lane_index, taken[0].digest, identity.run)], 1)
+    next(peer)
+    peer.close()
+    (line,) = read_batch_log(tmp_path / "b-1.log")
+    assert (line.run, line.launch, line.stage) == (identity.run, identity.launch, -1)

@@ -190,7 +190,7 @@ def test_audit_lines_carry_the_stage_and_per_source_counts(tmp_path):
             want[src] += stop - start
         assert (r.lane, r.lane_index, r.digest, r.stage) == (b.lane, b.lane_index, b.digest, b.stage)
         assert r.tokens == dict(want) and sum(r.documents.values()) == int(np.sum(seg[:, 3] == 0))
-    assert read[-1] == (0, 5, "abc", -1, {}, {}, "")  # the first format still reads
+    assert read[-1] == (0, 5, "abc", -1, {}, {}, "", "", "")  # the first format still reads (no run, no launch)
     log.write_text("1 2 abc 0 0:x -\n")
     with pytest.raises(DataError, match="batches-rank0.log line 1"):
         list(read_batch_log(log))
