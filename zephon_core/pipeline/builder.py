@@ -56,6 +56,7 @@ class Pipeline:
         self.surgery = Journal()  # steps skipped: from the restored state and skip_steps()
         self.clock: Clock | None = None  # a steered run's controller clock, kept in its states (MixingLoader sets it)
         self._run: RunFigures | None = None  # the lanes of the last merged or restored state, summed
+        self._waited_before = 0.0  # seconds waited in next() by the pipelines this one was switched from
         self._engine: Engine | None = None
         self._aggregator: Any = None
         self._lock = threading.Lock()
@@ -271,6 +272,7 @@ class Pipeline:
         nxt._aggregator = self._aggregator  # the checkpoint rounds continue
         nxt.restore(self.local_state())
         nxt._run = self._run  # the run-wide figures of the last merged state still hold
+        nxt._waited_before = self.waited_s()  # the caller's wait goes on counting: intervals never turn negative
         self.close()
         return nxt
 
@@ -283,9 +285,12 @@ class Pipeline:
         execution counters (``zephon_core.metrics.COUNTER_NAMES``) and the seconds the caller
         waited in ``next()``. Cheap enough to call every step.
         """
-        waited = self._engine.waited_s if self._engine is not None else 0.0
         return pipeline_stats(self.work_source, self._identity.canonical_replicas, self._lane_states(copy=False), self._run,
-                              COUNTERS.snapshot(), waited)
+                              COUNTERS.snapshot(), self.waited_s())
+
+    def waited_s(self) -> float:
+        """Seconds the caller has waited in ``next()``, the pipelines this one was ``switched`` from included."""
+        return self._waited_before + (self._engine.waited_s if self._engine is not None else 0.0)
 
     def resume_verdict(self, state: Mapping[str, Any]) -> Verdict:
         """Whether ``restore(state)`` accepts this pipeline's data definition, and why (``pipeline.resume``).

@@ -206,3 +206,22 @@ def test_stats_cost_no_data_reads():
     for _ in range(50):
         p.stats()
     assert COUNTERS.snapshot()["read_s"] == reads
+
+
+def test_the_wait_goes_on_counting_through_a_mixing_decision():
+    """A decision rebuilds the pipeline (``switched``): its wait counter started over, so the interval after every
+    decision logged a negative wait ('waited -0.061 s of 2.89 s', issue #40 item 7)."""
+    from zephon_core.curriculum.controllers import IdentityController
+    from zephon_core.pipeline.mixing import Mixing, MixingLoader
+
+    sources = [MemorySource([[k + 1] * 9 for _ in range(40)], name=f"s{k}") for k in range(2)]
+    pipe = Pipeline(StaticMixture(sources, [1, 1], seed=1, chunk_size=4)).pack(8).batch(2).options(canonical_replicas=2)
+    loader = MixingLoader(pipe, Mixing(IdentityController({"s0": 3, "s1": 1}), interval_steps=1))
+    for _ in range(6):
+        next(loader)
+    before = loader.pipeline.stats().wait_s
+    assert before > 0 and loader.decide(1) is not None
+    assert loader.pipeline.stats().wait_s >= before
+    next(loader)
+    assert loader.pipeline.stats().wait_s > before
+    loader.close()
