@@ -41,9 +41,13 @@ class LiveStep:
     batches: list[Batch]
 
     def microbatches(self) -> list[tuple[Batch | None, float]]:
-        """The ``plan.microbatches`` micro-batches to run, each with its loss weight: the real batches weighted
-        ``plan.loss_scale``, then the pads (None: any batch of the same shape, its loss weighted 0)."""
-        return [(b, self.plan.loss_scale) for b in self.batches] + [(None, 0.0)] * self.plan.pads
+        """The ``plan.microbatches`` micro-batches to run, each with the weight of its own loss: the real batches
+        weighted ``plan.microbatch_weight``, then the pads (None: any batch of the same shape, its loss weighted 0).
+
+        Backpropagate ``loss * weight`` for each: summed over the micro-batches and averaged by the framework's
+        allreduce over the participants, the gradient is the mean over the step's real micro-batches at any
+        membership. A loss already averaged over the step's micro-batches takes ``plan.loss_scale`` instead."""
+        return [(b, self.plan.microbatch_weight) for b in self.batches] + [(None, 0.0)] * self.plan.pads
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,13 @@ the quorum split each slot again. Gradient sync runs once per micro-batch, so ev
 must run the same number of micro-batches: the slot is split among ``A``, the largest divisor
 of ``L`` not above ``P``, *active* participants, ``L / A`` lanes each; the other ``P - A`` are
 spares for that step. A spare (and a replica that is not participating, e.g. healing) runs the
-same number of micro-batches as pads whose loss weight is 0, and the active ones weight their
-loss by ``P / A``, so the averaged gradient over ``P`` replicas is the mean over the step's
-``k x L`` real micro-batches, as in a run where every replica was active.
+same number of micro-batches as pads whose loss weight is 0. An active replica's loss over its
+``M = k x L / A`` micro-batches is weighted ``P / A`` when it is their mean (``loss_scale``), so
+each micro-batch's own loss is weighted ``P / (A x M) = P / (k x L)`` (``microbatch_weight``):
+averaged over the ``P`` participants by the framework's allreduce, the step's gradient is the
+mean over its ``k x L`` real micro-batches whatever the membership, as in a run where every
+replica was active. A weight without the ``1 / M`` would make the gradient ``M`` times that mean,
+and ``M`` changes with the membership (a learning-rate jump at every leave or join).
 """
 
 from __future__ import annotations
@@ -35,7 +39,14 @@ class StepPlan:
     pads: int
     """Of those, the zero-weight pads this replica runs (all of them for a spare)."""
     loss_scale: float
-    """The weight of each real micro-batch's loss: ``P / A`` (0 for a spare, whose micro-batches are all pads)."""
+    """The weight of this replica's loss when it is already the mean over its ``microbatches`` (TorchTitan divides by
+    the step's valid tokens): ``P / A``, 0 for a spare, whose micro-batches are all pads."""
+
+    @property
+    def microbatch_weight(self) -> float:
+        """The weight of each real micro-batch's own loss, summed over the micro-batches: ``loss_scale / microbatches``
+        (``P / (k x L)``), so that the allreduce's average over the ``P`` participants is the step's mean."""
+        return self.loss_scale / self.microbatches
 
 
 def active_participants(lanes_per_slot: int, participants: int) -> int:

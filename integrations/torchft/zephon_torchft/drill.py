@@ -241,7 +241,8 @@ def run_sampler(args: argparse.Namespace, recipe: Recipe, model: TinyLM, optim: 
         record = drill.record(step=step, participants=P, index=index, samples=picks)
         drill.fault("before_allreduce", step, record)
         B = args.batch_size
-        micro = [(_stack([dataset[i] for i in picks[j : j + B]]), 1.0) for j in range(0, per_step, B)]
+        n = len(range(0, per_step, B))
+        micro = [(_stack([dataset[i] for i in picks[j : j + B]]), 1.0 / n) for j in range(0, per_step, B)]
         train_attempt(model, manager, micro, (args.batch_size, args.seq_len))
         drill.fault("before_exchange", step, record)
         drill.fault("after_allreduce", step, record)

@@ -11,8 +11,9 @@ parts subclassed, none copied:
 * ``ZephonFTOptimizers``: once ``zero_grad()`` has started the step's quorum, the trainer takes this
   attempt's micro-batches from the lanes (``LiveData.begin``) and sets ``gradient_accumulation_steps``
   to their number, which depends on how many replica groups take part.
-* ``forward_backward_step`` weights each micro-batch's loss (``plan.loss_scale``; a pad has no valid
-  label) and after the last one exchanges the lanes' table (``LiveData.exchange``); ``train_step``
+* ``forward_backward_step`` weights each micro-batch's loss by ``plan.loss_scale`` (TorchTitan's loss is
+  already divided by the valid tokens of all the step's micro-batches; a pad has no valid label) and after
+  the last one exchanges the lanes' table (``LiveData.exchange``); ``train_step``
   settles the attempt after TorchTitan's optimizer step (it committed when torchft's
   ``current_step()`` advanced) and logs it.
 
@@ -162,6 +163,15 @@ def weighted_tokens(global_valid_tokens: torch.Tensor, weight: float) -> torch.T
     return global_valid_tokens / weight
 
 
+def loss_weights(attempt: LiveStep) -> list[float]:
+    """Each micro-batch's loss weight in TorchTitan: ``plan.loss_scale`` for a real batch, 0 for a pad.
+
+    TorchTitan divides a micro-batch's summed loss by the valid tokens of all the step's micro-batches, so its losses
+    already sum to the mean over them: they take the step's weight, not ``microbatches()``'s per-micro-batch one (which
+    holds the ``1 / microbatches`` TorchTitan has applied)."""
+    return [attempt.plan.loss_scale if batch is not None else 0.0 for batch, _ in attempt.microbatches()]
+
+
 class StepRecord(NamedTuple):
     """One line of the step log: an attempt of Zephon step ``step`` and how it ended."""
 
@@ -295,10 +305,10 @@ class ZephonFTTrainer(FaultTolerantTrainer):
         attempt = self._live.begin()
         self._attempt = attempt
         training = self.config.training
-        for batch, weight in self._cut.over(attempt.microbatches()):
+        for batch, _ in self._cut.over(attempt.microbatches()):
             self._feed.queue.append(to_torchtitan(batch) if batch is not None else pad_batch(training.local_batch_size,
                                                                                               training.seq_len))
-            self._weights.append(weight)
+        self._weights = loss_weights(attempt)
         self.gradient_accumulation_steps = attempt.plan.microbatches
 
     def forward_backward_step(self, *, input_dict: Any, labels: Any, global_valid_tokens: torch.Tensor) -> torch.Tensor:
