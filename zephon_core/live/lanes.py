@@ -22,10 +22,11 @@ import numpy as np
 from zephon_core.batch import Batch
 from zephon_core.checkpoint.state import LaneState, fingerprint_of, make_state, parse_lanes, verify_checksum
 from zephon_core.errors import ConfigError, StateError
-from zephon_core.live.plan import StepPlan, plan_step
+from zephon_core.live.plan import StepPlan, live_data_problems, plan_step
 from zephon_core.live.table import TableCodec
 from zephon_core.pipeline import Pipeline
 from zephon_core.pipeline.engine import Engine
+from zephon_core.pipeline.mixing import MixingLoader
 from zephon_core.validation import require_int
 
 TRANSFER_FORMAT = "zephon.live"
@@ -50,6 +51,19 @@ class LiveStep:
         return [(b, self.plan.microbatch_weight) for b in self.batches] + [(None, 0.0)] * self.plan.pads
 
 
+def _start_problems(pipeline: Any) -> list[str]:
+    """What live mode refuses in the pipeline it is given: steering, and a journaled skip its lanes have not passed."""
+    # A MixingLoader would steer; so would the pipeline one rebuilt for its decisions (a journaled mixture).
+    if isinstance(pipeline, MixingLoader) or (isinstance(pipeline, Pipeline)
+                                             and getattr(pipeline.work_source, "journal", None) is not None):
+        return live_data_problems(mixing=True)
+    if not isinstance(pipeline, Pipeline):
+        return [f"LiveLanes needs a zephon_core.Pipeline, got {type(pipeline).__name__}"]
+    behind = min((st.delivered for st in parse_lanes(pipeline.local_state()).values()), default=0)
+    ahead = [skip for skip in pipeline.surgery.skips if skip.lane_batches().stop > behind]
+    return live_data_problems(skip_ahead=str(ahead[0]) if ahead else None)
+
+
 @dataclass(frozen=True)
 class _Attempt:
     key: tuple[int, tuple[int, ...]]  # (step, lanes): the batches are reused for the same key
@@ -68,6 +82,9 @@ class LiveLanes:
 
     def __init__(self, pipeline: Pipeline, batches_per_lane: int) -> None:
         k = require_int(batches_per_lane, "live mode: batches_per_lane", 1)
+        problems = _start_problems(pipeline)
+        if problems:
+            raise ConfigError("live mode: " + "; ".join(problems))
         ident = pipeline.identity
         if ident.canonical_replicas % ident.dp_degree:
             raise ConfigError(f"live mode: canonical_replicas={ident.canonical_replicas} must be divisible by the "

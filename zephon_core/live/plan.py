@@ -94,3 +94,33 @@ def live_problems(*, canonical_replicas: int, slots: int, min_replicas: int, asy
             "that heal at start-up (they train one step behind from then on); build the Manager with init_sync=False "
             "(every replica starts from the same seed or checkpoint) or with use_async_quorum=False")
     return problems
+
+
+def live_data_problems(*, mixing: bool = False, surgery: str | None = None, skip_ahead: str | None = None,
+                       without_torchft: str = "a run without torchft") -> list[str]:
+    """Live mode's start-up rules on steering and surgery, one line each with the reason and the fix (empty: none).
+
+    ``mixing``: the run would steer its mixture (``MixingLoader``, a steered pipeline, TorchTitan's ``mixing``, a
+    recipe's ``[mixing]`` table); ``surgery``: where a ``[surgery]`` table asks for skip_steps or quarantine (its
+    ``where``); ``skip_ahead``: a journaled skip (``zephon skip``, an earlier ``[surgery]``) the lanes have not
+    passed; ``without_torchft``: how the framework runs without torchft, named in the fixes."""
+    out = []
+    if mixing:
+        out.append(
+            "steering (mixing) is refused in live mode (torchft): a decision's step and start chunk come from the "
+            "lanes' losses and read frontier, which the replica groups split anew at every step and discard with an "
+            "attempt, and that is not proven to give every group the same decision; turn mixing off (or take the "
+            f"recipe's [mixing] table out) for the live run, or steer in {without_torchft}")
+    if surgery:
+        out.append(
+            f"{surgery}: a [surgery] table (skip_steps, quarantine) is refused in live mode (torchft): torchft's "
+            "trainer trains every committed step, and each replica group would journal the table at its own start "
+            f"from its own lanes' positions; apply it in {without_torchft}, then take the table out and start the "
+            "live run from that checkpoint, which journals it")
+    if skip_ahead:
+        out.append(
+            f"the loader state's surgery journal skips {skip_ahead}, which live mode (torchft) cannot honour: its "
+            "trainer trains every committed step, so it would train the batches after them as those steps (and a "
+            f"live step is its lanes' position); train past the skip in {without_torchft}, then start the live run "
+            "from that checkpoint")
+    return out

@@ -44,11 +44,11 @@ from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.trainer import Trainer
 
 from zephon_core import Batch
-from zephon_core.integration import BATCH_LOG_ENV, Audited, IntegrationError, audited
-from zephon_core.live import LiveLanes, LiveStep
+from zephon_core.integration import BATCH_LOG_ENV, Audited, IntegrationError, audited, refuse
+from zephon_core.live import LiveLanes, LiveStep, live_data_problems
 from zephon_torchft import LiveData
 from zephon_torchtitan.core import IGNORE_INDEX, ZephonStream, coordination_identity, to_torchtitan
-from zephon_torchtitan.tt03 import ZephonDataLoader, fill_batch_sizes
+from zephon_torchtitan.tt03 import WITHOUT_TORCHFT, ZephonDataLoader, fill_batch_sizes
 
 STEP_LOG_SUFFIX = ".steps"
 
@@ -134,6 +134,14 @@ def live_config_problems(config: Trainer.Config) -> list[str]:
         out.append("with init_sync false torchft does not copy the weights at the first step, so every replica group "
                    "must initialise them alike: set --debug.seed")
     return out
+
+
+def live_start_problems(stream: ZephonStream) -> list[str]:
+    """Live mode's refusal of the loader state it starts from (after the checkpoint's restore): a journaled skip
+    (``zephon skip``, an earlier ``[surgery]``) its lanes have not passed. Steering and a ``[surgery]`` table are
+    refused when the loader is built (``tt03``)."""
+    ahead = stream.skips_ahead()
+    return live_data_problems(skip_ahead=str(ahead[0]) if ahead else None, without_torchft=WITHOUT_TORCHFT)
 
 
 def batches_per_lane(batches_per_step: int | None, canonical_replicas: int) -> int:
@@ -283,8 +291,7 @@ class ZephonFTTrainer(FaultTolerantTrainer):
     def _start_live(self) -> None:
         """Live lanes from the pipeline as the checkpoint (if any) left it; torchft may replace them when healing."""
         stream = self.stream
-        stream.skips_refused = "live mode (torchft) trains every step; resume under --module zephon_torchtitan"
-        stream.refuse_skips_ahead()
+        refuse(live_start_problems(stream))
         ident = stream.pipeline.identity
         live = LiveLanes(stream.pipeline, batches_per_lane(stream.batches_per_step, ident.canonical_replicas))
         self._live = LiveData(live, self.ft_manager.manager, slots=ident.dp_degree)
