@@ -21,6 +21,7 @@ import numpy as np
 
 from zephon_core.batch import Batch
 from zephon_core.checkpoint.state import LaneState, fingerprint_of, make_state, parse_lanes, verify_checksum
+from zephon_core.checkpoint.surgery import journal_of
 from zephon_core.errors import ConfigError, StateError
 from zephon_core.live.plan import StepPlan, live_data_problems, plan_step
 from zephon_core.live.table import TableCodec
@@ -215,7 +216,7 @@ class LiveLanes:
         return {"format": TRANSFER_FORMAT, "step": self._step, "state": json.dumps(self._slot_state(), sort_keys=True)}
 
     def load_state_dict(self, value: Mapping[str, Any]) -> None:
-        """Adopt a peer's committed table (what ``state_dict`` of the same slot returned)."""
+        """Adopt a peer's committed table (what ``state_dict`` of the same slot returned), with its surgery journal."""
         keys = {"format", "step", "state"}
         if not isinstance(value, Mapping) or value.get("format") != TRANSFER_FORMAT or set(value) != keys:
             raise StateError(f"live mode: the transferred state is not a {TRANSFER_FORMAT!r} table (keys: "
@@ -238,6 +239,9 @@ class LiveLanes:
         if step != value["step"]:
             raise StateError(f"live mode: the peer's table is at step {step}, its header says {value['step']!r}")
         self._close_engine()
+        # The peer's surgery journal too (a quarantine its durable checkpoint journaled): the lanes apply it, and a
+        # group that started from another checkpoint would otherwise cut other batches from the same positions.
+        self._pipeline.surgery = journal_of(state)
         self._committed, self._table, self._sent, self._step, self._attempt = slot, None, None, step, None
 
     def checkpoint(self) -> dict[str, Any]:

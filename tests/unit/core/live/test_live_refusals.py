@@ -1,9 +1,10 @@
 """Steering and surgery under live mode (torchft): refused at start-up in one line naming the reason and the fix
 (``live_data_problems``, which ``LiveLanes``, TorchTitan's live loader and the drill share), except a surgery journal
-the lanes have passed."""
+the lanes have passed, which holds exactly: a healing group adopts its peer's journal with the table."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from support.core_fixtures import mixture, token_pipeline
 
@@ -12,6 +13,7 @@ from zephon_core.curriculum.controllers import IdentityController
 from zephon_core.errors import ConfigError
 from zephon_core.live import LiveLanes, live_data_problems
 from zephon_core.pipeline.mixing import Mixing, MixingLoader
+from zephon_core.pipeline.surgery import quarantined_state
 
 C, K = 4, 1
 
@@ -71,3 +73,22 @@ def test_a_journaled_skip_still_ahead_is_refused_and_one_the_lanes_passed_is_not
     restored.restore(state)
     restored.surgery = skipped.surgery
     LiveLanes(restored, K).close()
+
+
+def test_a_healing_group_adopts_its_peers_quarantine_with_the_table():
+    probe = LiveLanes(make(), K)
+    first = probe.begin(1, 0).batches
+    probe.close()
+    src, doc = first[0].segments[0, 1], first[0].segments[0, 2]  # a document of step 0: quarantined from chunk 0
+    name = f"src{int(src)}"
+    state = quarantined_state(make(), make().checkpoint(), [(name, int(doc))])
+    quarantined = make()
+    quarantined.restore(state)
+    peer, joiner = LiveLanes(quarantined, K), LiveLanes(make(), K)
+    joiner.load_state_dict(peer.state_dict())
+    want, got = peer.begin(1, 0).batches, joiner.begin(1, 0).batches
+    assert [b.digest for b in got] == [b.digest for b in want]
+    assert not any(np.any((b.segments[:, 1] == src) & (b.segments[:, 2] == doc)) for b in got)
+    assert joiner.checkpoint().get("surgery") == peer.checkpoint().get("surgery")
+    peer.close()
+    joiner.close()
