@@ -43,7 +43,7 @@ for _ in range(steps):
     optimizer.zero_grad()                        # torchft: start_quorum()
     step = data.begin()
     for batch, weight in step.microbatches():    # batch None: a pad (any batch of the shape), weight 0
-        (loss_of(batch) * weight).backward()
+        (loss_of(batch) * weight).backward()     # weight: P / (k x L), so the step trains on the mean
     data.exchange()
     data.settle(optimizer.step())                # torchft's OptimizerWrapper: should_commit()
     print(f"step {step.step}: lanes {list(step.plan.lanes)}, committed steps {live.step}")

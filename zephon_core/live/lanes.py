@@ -21,11 +21,13 @@ import numpy as np
 
 from zephon_core.batch import Batch
 from zephon_core.checkpoint.state import LaneState, fingerprint_of, make_state, parse_lanes, verify_checksum
+from zephon_core.checkpoint.surgery import journal_of
 from zephon_core.errors import ConfigError, StateError
-from zephon_core.live.plan import StepPlan, plan_step
+from zephon_core.live.plan import StepPlan, live_data_problems, plan_step
 from zephon_core.live.table import TableCodec
 from zephon_core.pipeline import Pipeline
 from zephon_core.pipeline.engine import Engine
+from zephon_core.pipeline.mixing import MixingLoader
 from zephon_core.validation import require_int
 
 TRANSFER_FORMAT = "zephon.live"
@@ -41,9 +43,26 @@ class LiveStep:
     batches: list[Batch]
 
     def microbatches(self) -> list[tuple[Batch | None, float]]:
-        """The ``plan.microbatches`` micro-batches to run, each with its loss weight: the real batches weighted
-        ``plan.loss_scale``, then the pads (None: any batch of the same shape, its loss weighted 0)."""
-        return [(b, self.plan.loss_scale) for b in self.batches] + [(None, 0.0)] * self.plan.pads
+        """The ``plan.microbatches`` micro-batches to run, each with the weight of its own loss: the real batches
+        weighted ``plan.microbatch_weight``, then the pads (None: any batch of the same shape, its loss weighted 0).
+
+        Backpropagate ``loss * weight`` for each: summed over the micro-batches and averaged by the framework's
+        allreduce over the participants, the gradient is the mean over the step's real micro-batches at any
+        membership. A loss already averaged over the step's micro-batches takes ``plan.loss_scale`` instead."""
+        return [(b, self.plan.microbatch_weight) for b in self.batches] + [(None, 0.0)] * self.plan.pads
+
+
+def _start_problems(pipeline: Any) -> list[str]:
+    """What live mode refuses in the pipeline it is given: steering, and a journaled skip its lanes have not passed."""
+    # A MixingLoader would steer; so would the pipeline one rebuilt for its decisions (a journaled mixture).
+    if isinstance(pipeline, MixingLoader) or (isinstance(pipeline, Pipeline)
+                                             and getattr(pipeline.work_source, "journal", None) is not None):
+        return live_data_problems(mixing=True)
+    if not isinstance(pipeline, Pipeline):
+        return [f"LiveLanes needs a zephon_core.Pipeline, got {type(pipeline).__name__}"]
+    behind = min((st.delivered for st in parse_lanes(pipeline.local_state()).values()), default=0)
+    ahead = [skip for skip in pipeline.surgery.skips if skip.lane_batches().stop > behind]
+    return live_data_problems(skip_ahead=str(ahead[0]) if ahead else None)
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,9 @@ class LiveLanes:
 
     def __init__(self, pipeline: Pipeline, batches_per_lane: int) -> None:
         k = require_int(batches_per_lane, "live mode: batches_per_lane", 1)
+        problems = _start_problems(pipeline)
+        if problems:
+            raise ConfigError("live mode: " + "; ".join(problems))
         ident = pipeline.identity
         if ident.canonical_replicas % ident.dp_degree:
             raise ConfigError(f"live mode: canonical_replicas={ident.canonical_replicas} must be divisible by the "
@@ -194,7 +216,7 @@ class LiveLanes:
         return {"format": TRANSFER_FORMAT, "step": self._step, "state": json.dumps(self._slot_state(), sort_keys=True)}
 
     def load_state_dict(self, value: Mapping[str, Any]) -> None:
-        """Adopt a peer's committed table (what ``state_dict`` of the same slot returned)."""
+        """Adopt a peer's committed table (what ``state_dict`` of the same slot returned), with its surgery journal."""
         keys = {"format", "step", "state"}
         if not isinstance(value, Mapping) or value.get("format") != TRANSFER_FORMAT or set(value) != keys:
             raise StateError(f"live mode: the transferred state is not a {TRANSFER_FORMAT!r} table (keys: "
@@ -217,6 +239,9 @@ class LiveLanes:
         if step != value["step"]:
             raise StateError(f"live mode: the peer's table is at step {step}, its header says {value['step']!r}")
         self._close_engine()
+        # The peer's surgery journal too (a quarantine its durable checkpoint journaled): the lanes apply it, and a
+        # group that started from another checkpoint would otherwise cut other batches from the same positions.
+        self._pipeline.surgery = journal_of(state)
         self._committed, self._table, self._sent, self._step, self._attempt = slot, None, None, step, None
 
     def checkpoint(self) -> dict[str, Any]:

@@ -6,9 +6,13 @@ the quorum split each slot again. Gradient sync runs once per micro-batch, so ev
 must run the same number of micro-batches: the slot is split among ``A``, the largest divisor
 of ``L`` not above ``P``, *active* participants, ``L / A`` lanes each; the other ``P - A`` are
 spares for that step. A spare (and a replica that is not participating, e.g. healing) runs the
-same number of micro-batches as pads whose loss weight is 0, and the active ones weight their
-loss by ``P / A``, so the averaged gradient over ``P`` replicas is the mean over the step's
-``k x L`` real micro-batches, as in a run where every replica was active.
+same number of micro-batches as pads whose loss weight is 0. An active replica's loss over its
+``M = k x L / A`` micro-batches is weighted ``P / A`` when it is their mean (``loss_scale``), so
+each micro-batch's own loss is weighted ``P / (A x M) = P / (k x L)`` (``microbatch_weight``):
+averaged over the ``P`` participants by the framework's allreduce, the step's gradient is the
+mean over its ``k x L`` real micro-batches whatever the membership, as in a run where every
+replica was active. A weight without the ``1 / M`` would make the gradient ``M`` times that mean,
+and ``M`` changes with the membership (a learning-rate jump at every leave or join).
 """
 
 from __future__ import annotations
@@ -35,7 +39,14 @@ class StepPlan:
     pads: int
     """Of those, the zero-weight pads this replica runs (all of them for a spare)."""
     loss_scale: float
-    """The weight of each real micro-batch's loss: ``P / A`` (0 for a spare, whose micro-batches are all pads)."""
+    """The weight of this replica's loss when it is already the mean over its ``microbatches`` (TorchTitan divides by
+    the step's valid tokens): ``P / A``, 0 for a spare, whose micro-batches are all pads."""
+
+    @property
+    def microbatch_weight(self) -> float:
+        """The weight of each real micro-batch's own loss, summed over the micro-batches: ``loss_scale / microbatches``
+        (``P / (k x L)``), so that the allreduce's average over the ``P`` participants is the step's mean."""
+        return self.loss_scale / self.microbatches
 
 
 def active_participants(lanes_per_slot: int, participants: int) -> int:
@@ -83,3 +94,33 @@ def live_problems(*, canonical_replicas: int, slots: int, min_replicas: int, asy
             "that heal at start-up (they train one step behind from then on); build the Manager with init_sync=False "
             "(every replica starts from the same seed or checkpoint) or with use_async_quorum=False")
     return problems
+
+
+def live_data_problems(*, mixing: bool = False, surgery: str | None = None, skip_ahead: str | None = None,
+                       without_torchft: str = "a run without torchft") -> list[str]:
+    """Live mode's start-up rules on steering and surgery, one line each with the reason and the fix (empty: none).
+
+    ``mixing``: the run would steer its mixture (``MixingLoader``, a steered pipeline, TorchTitan's ``mixing``, a
+    recipe's ``[mixing]`` table); ``surgery``: where a ``[surgery]`` table asks for skip_steps or quarantine (its
+    ``where``); ``skip_ahead``: a journaled skip (``zephon skip``, an earlier ``[surgery]``) the lanes have not
+    passed; ``without_torchft``: how the framework runs without torchft, named in the fixes."""
+    out = []
+    if mixing:
+        out.append(
+            "steering (mixing) is refused in live mode (torchft): a decision's step and start chunk come from the "
+            "lanes' losses and read frontier, which the replica groups split anew at every step and discard with an "
+            "attempt, and that is not proven to give every group the same decision; turn mixing off (or take the "
+            f"recipe's [mixing] table out) for the live run, or steer in {without_torchft}")
+    if surgery:
+        out.append(
+            f"{surgery}: a [surgery] table (skip_steps, quarantine) is refused in live mode (torchft): torchft's "
+            "trainer trains every committed step, and each replica group would journal the table at its own start "
+            f"from its own lanes' positions; apply it in {without_torchft}, then take the table out and start the "
+            "live run from that checkpoint, which journals it")
+    if skip_ahead:
+        out.append(
+            f"the loader state's surgery journal skips {skip_ahead}, which live mode (torchft) cannot honour: its "
+            "trainer trains every committed step, so it would train the batches after them as those steps (and a "
+            f"live step is its lanes' position); train past the skip in {without_torchft}, then start the live run "
+            "from that checkpoint")
+    return out

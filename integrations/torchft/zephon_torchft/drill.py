@@ -43,9 +43,9 @@ from torchft.data import DistributedSampler
 from torchft.optim import OptimizerWrapper
 from torchft.process_group import ProcessGroupGloo
 
-from zephon_core import Pipeline, ZephonError
+from zephon_core import ConfigError, Pipeline, ZephonError
 from zephon_core.integration import Recipe, bundled_configs, load_recipe, load_tokenizer, write_atomically
-from zephon_core.live import LiveLanes
+from zephon_core.live import LiveLanes, live_data_problems
 from zephon_torchft.drill_model import DocumentRows, TinyLM, batch_rows, build_model, train_attempt
 from zephon_torchft.live import LiveData
 
@@ -91,7 +91,12 @@ def load(args: argparse.Namespace) -> Recipe:
 
 
 def zephon_pipeline(args: argparse.Namespace, recipe: Recipe) -> Pipeline:
-    """The recipe's pipeline for this group's one data-parallel rank, restored from ``--restore`` if given."""
+    """The recipe's pipeline for this group's one data-parallel rank, restored from ``--restore`` if given; a recipe
+    with a ``[surgery]`` table is refused (``LiveLanes`` refuses a restored journal's skip still ahead)."""
+    request = recipe.surgery()
+    problems = live_data_problems(surgery=request.where if request else None)
+    if problems:
+        raise ConfigError("zephon live mode: " + problems[0])
     pipeline = recipe.build_standalone(dp_degree=1, dp_group_id=0)
     if args.restore:
         with open(args.restore, encoding="utf-8") as f:
@@ -241,7 +246,8 @@ def run_sampler(args: argparse.Namespace, recipe: Recipe, model: TinyLM, optim: 
         record = drill.record(step=step, participants=P, index=index, samples=picks)
         drill.fault("before_allreduce", step, record)
         B = args.batch_size
-        micro = [(_stack([dataset[i] for i in picks[j : j + B]]), 1.0) for j in range(0, per_step, B)]
+        n = len(range(0, per_step, B))
+        micro = [(_stack([dataset[i] for i in picks[j : j + B]]), 1.0 / n) for j in range(0, per_step, B)]
         train_attempt(model, manager, micro, (args.batch_size, args.seq_len))
         drill.fault("before_exchange", step, record)
         drill.fault("after_allreduce", step, record)

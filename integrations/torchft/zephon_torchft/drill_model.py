@@ -1,7 +1,8 @@
 """The drill's model and the peer loader's data: a tiny causal LM trained on CPU under a torchft Manager.
 
 ``train_attempt`` runs one step attempt's micro-batches the way a fault-tolerant data-parallel
-trainer does: each micro-batch's loss weighted, its gradient averaged across the replica groups
+trainer does: each micro-batch's mean loss times its weight (``LiveStep.microbatches``'s, which
+makes the step's gradient the mean over its micro-batches), its gradient averaged across the replica groups
 by ``manager.allreduce`` (one flat tensor per micro-batch, so every replica must run the same
 number of them), and the averaged gradients summed into ``.grad`` for the optimizer.
 """
@@ -34,7 +35,7 @@ class TinyLM(nn.Module):
 
 
 #: One micro-batch: ``(input_ids, labels)`` as ``[B, L]`` arrays (labels IGNORE where not trained), None for a pad,
-#: and its loss weight.
+#: and the weight of its mean loss in the step (1 / micro-batches for a plain mean).
 Micro = tuple[tuple[np.ndarray, np.ndarray] | None, float]
 
 
@@ -58,7 +59,7 @@ def train_attempt(model: TinyLM, manager: Any, micro: Sequence[Micro], shape: tu
         loss = F.cross_entropy(logits.reshape(-1, model.vocab), y.reshape(-1), ignore_index=IGNORE)
         if not torch.isfinite(loss):  # a micro-batch without a trained label (a pad)
             loss = logits.sum() * 0.0
-        scaled = loss * (weight / max(1, len(micro)))
+        scaled = loss * weight  # the weight holds the 1 / (micro-batches) of the step's mean
         grads = torch.autograd.grad(scaled, params)
         flat = torch.cat([g.reshape(-1) for g in grads])
         manager.allreduce(flat).wait()  # AVG over the participants; zeroed by torchft when this group is healing

@@ -9,6 +9,11 @@ Per step, in the order torchft's own training loop runs them::
     committed = optimizer.step()     # manager.should_commit() decides; the optimizer steps only then
     data.settle(committed)           # the table advances only on a commit; otherwise the lanes rewind
 
+``weight`` is ``P / (k x L)`` for a real micro-batch and 0 for a pad (``StepPlan.microbatch_weight``): with
+each micro-batch's loss its own mean, the gradients averaged over the ``P`` participants make the step's
+gradient the mean over its ``k x L`` micro-batches, whichever groups take part. A loss already averaged over
+the group's micro-batches (TorchTitan's) takes ``step.plan.loss_scale`` (``P / A``) instead.
+
 ``settle`` may be called with ``manager.current_step()`` having advanced as the commit
 signal when the framework calls ``should_commit`` itself (TorchTitan's optimizer wrapper).
 """

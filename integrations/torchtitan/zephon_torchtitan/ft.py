@@ -11,8 +11,9 @@ parts subclassed, none copied:
 * ``ZephonFTOptimizers``: once ``zero_grad()`` has started the step's quorum, the trainer takes this
   attempt's micro-batches from the lanes (``LiveData.begin``) and sets ``gradient_accumulation_steps``
   to their number, which depends on how many replica groups take part.
-* ``forward_backward_step`` weights each micro-batch's loss (``plan.loss_scale``; a pad has no valid
-  label) and after the last one exchanges the lanes' table (``LiveData.exchange``); ``train_step``
+* ``forward_backward_step`` weights each micro-batch's loss by ``plan.loss_scale`` (TorchTitan's loss is
+  already divided by the valid tokens of all the step's micro-batches; a pad has no valid label) and after
+  the last one exchanges the lanes' table (``LiveData.exchange``); ``train_step``
   settles the attempt after TorchTitan's optimizer step (it committed when torchft's
   ``current_step()`` advanced) and logs it.
 
@@ -43,11 +44,11 @@ from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.trainer import Trainer
 
 from zephon_core import Batch
-from zephon_core.integration import BATCH_LOG_ENV, Audited, IntegrationError, audited, log_identity
-from zephon_core.live import LiveLanes, LiveStep
+from zephon_core.integration import BATCH_LOG_ENV, Audited, IntegrationError, audited, log_identity, refuse
+from zephon_core.live import LiveLanes, LiveStep, live_data_problems
 from zephon_torchft import LiveData
 from zephon_torchtitan.core import IGNORE_INDEX, ZephonStream, coordination_identity, to_torchtitan
-from zephon_torchtitan.tt03 import ZephonDataLoader, fill_batch_sizes
+from zephon_torchtitan.tt03 import WITHOUT_TORCHFT, ZephonDataLoader, fill_batch_sizes
 
 STEP_LOG_SUFFIX = ".steps"
 
@@ -135,6 +136,14 @@ def live_config_problems(config: Trainer.Config) -> list[str]:
     return out
 
 
+def live_start_problems(stream: ZephonStream) -> list[str]:
+    """Live mode's refusal of the loader state it starts from (after the checkpoint's restore): a journaled skip
+    (``zephon skip``, an earlier ``[surgery]``) its lanes have not passed. Steering and a ``[surgery]`` table are
+    refused when the loader is built (``tt03``)."""
+    ahead = stream.skips_ahead()
+    return live_data_problems(skip_ahead=str(ahead[0]) if ahead else None, without_torchft=WITHOUT_TORCHFT)
+
+
 def batches_per_lane(batches_per_step: int | None, canonical_replicas: int) -> int:
     """``k``: batches each lane delivers per optimizer step (the stream's step-size rule made the division exact)."""
     if not batches_per_step or batches_per_step % canonical_replicas:
@@ -160,6 +169,15 @@ def weighted_tokens(global_valid_tokens: torch.Tensor, weight: float) -> torch.T
     if weight == 0.0:
         return global_valid_tokens.clamp(min=1)
     return global_valid_tokens / weight
+
+
+def loss_weights(attempt: LiveStep) -> list[float]:
+    """Each micro-batch's loss weight in TorchTitan: ``plan.loss_scale`` for a real batch, 0 for a pad.
+
+    TorchTitan divides a micro-batch's summed loss by the valid tokens of all the step's micro-batches, so its losses
+    already sum to the mean over them: they take the step's weight, not ``microbatches()``'s per-micro-batch one (which
+    holds the ``1 / microbatches`` TorchTitan has applied)."""
+    return [attempt.plan.loss_scale if batch is not None else 0.0 for batch, _ in attempt.microbatches()]
 
 
 class StepRecord(NamedTuple):
@@ -274,8 +292,7 @@ class ZephonFTTrainer(FaultTolerantTrainer):
     def _start_live(self) -> None:
         """Live lanes from the pipeline as the checkpoint (if any) left it; torchft may replace them when healing."""
         stream = self.stream
-        stream.skips_refused = "live mode (torchft) trains every step; resume under --module zephon_torchtitan"
-        stream.refuse_skips_ahead()
+        refuse(live_start_problems(stream))
         ident = stream.pipeline.identity
         live = LiveLanes(stream.pipeline, batches_per_lane(stream.batches_per_step, ident.canonical_replicas))
         self._live = LiveData(live, self.ft_manager.manager, slots=ident.dp_degree)
@@ -296,10 +313,10 @@ class ZephonFTTrainer(FaultTolerantTrainer):
         attempt = self._live.begin()
         self._attempt = attempt
         training = self.config.training
-        for batch, weight in self._cut.over(attempt.microbatches()):
+        for batch, _ in self._cut.over(attempt.microbatches()):
             self._feed.queue.append(to_torchtitan(batch) if batch is not None else pad_batch(training.local_batch_size,
                                                                                               training.seq_len))
-            self._weights.append(weight)
+        self._weights = loss_weights(attempt)
         self.gradient_accumulation_steps = attempt.plan.microbatches
 
     def forward_backward_step(self, *, input_dict: Any, labels: Any, global_valid_tokens: torch.Tensor) -> torch.Tensor:

@@ -35,8 +35,9 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.config.override import derive
 from torchtitan.trainer import Trainer
 
-from zephon_core.integration import IntegrationError, Skip, warn_unknown_step_size
+from zephon_core.integration import IntegrationError, Skip, refuse, warn_unknown_step_size
 from zephon_core.integration.announce import skipped_steps_line
+from zephon_core.live import live_data_problems
 from zephon_torchtitan.core import LOG, StreamLoader, ZephonStream, coordination_identity, training_stream
 from zephon_torchtitan.metrics import MetricsLogging, TrainingMetrics
 from zephon_torchtitan.settings import Settings, settings_of
@@ -99,9 +100,9 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
                                                    or snapshot_every_n_steps < 1):
             raise IntegrationError(f"zephon: snapshot_every_n_steps must be a positive integer or None, got {snapshot_every_n_steps!r}")
         settings = settings_of(config)
-        if config.mixing and config.replica_group >= 0:
-            raise IntegrationError("zephon: mixing is not supported in live mode (torchft): the live lanes are cut "
-                                   "from one pipeline; turn mixing off")
+        live = config.replica_group >= 0  # ZephonFTTrainer names each replica group's loader: live mode
+        if live:
+            refuse(live_data_problems(mixing=config.mixing, without_torchft=WITHOUT_TORCHFT))
         validation = not config.infinite
         batches_per_step = None
         if not validation:
@@ -124,10 +125,13 @@ class ZephonDataLoader(StreamLoader, BaseDataLoader):
             source_loss=config.source_loss,
             mixing=config.mixing,
         )
-        if config.replica_group >= 0 and self._stream.plan.recipe.surgery():
-            raise IntegrationError(f"zephon: {self._stream.plan.recipe.path}: a [surgery] table is not supported in "
-                                   "live mode (torchft), whose trainer trains every step; take the table out, or "
-                                   "resume the surgery's steps under --module zephon_torchtitan without torchft")
+        if live:
+            request = self._stream.plan.recipe.surgery()
+            refuse(live_data_problems(surgery=request.where if request else None, without_torchft=WITHOUT_TORCHFT))
+
+
+#: How a TorchTitan job runs without torchft, for live mode's refusals of steering and surgery.
+WITHOUT_TORCHFT = "a run without torchft (--module zephon_torchtitan, ZephonTrainer)"
 
 
 def fill_batch_sizes(config: Trainer.Config) -> None:

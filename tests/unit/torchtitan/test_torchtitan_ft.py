@@ -153,7 +153,9 @@ def test_a_spare_runs_as_many_micro_batches_as_the_active_replicas(tok):
     live, other = LiveLanes(_loader(tok).pipeline, 1), LiveLanes(_loader(tok).pipeline, 1)
     active, spare = live.begin(3, 0), other.begin(3, 2)
     assert active.plan.microbatches == spare.plan.microbatches == 2  # L=4, P=3 -> A=2
-    assert [w for _, w in active.microbatches()] == [1.5, 1.5]
+    assert [w for _, w in active.microbatches()] == [0.75, 0.75]  # P / (k x L): each micro-batch's own mean loss
+    # TorchTitan's loss is already divided by the step's valid tokens: the step's weight P / A, pads 0.
+    assert ft.loss_weights(active) == [1.5, 1.5] and ft.loss_weights(spare) == [0.0, 0.0]
     assert [(b, w) for b, w in spare.microbatches()] == [(None, 0.0), (None, 0.0)]
     assert spare.plan.loss_scale == 0.0
     live.close()

@@ -75,7 +75,7 @@ def test_mixing_is_refused_without_a_mixing_table_without_source_loss_or_in_live
         _loader(tok, mixed_recipe(tmp_path), source_loss=True, mixing=True)
     with pytest.raises(IntegrationError, match="turn source_loss on too"):
         _loader(tok, steered_recipe(tmp_path), mixing=True)
-    with pytest.raises(IntegrationError, match=r"not supported in live mode \(torchft\)"):
+    with pytest.raises(IntegrationError, match=r"^zephon: steering \(mixing\) is refused in live mode \(torchft\)"):
         _loader(tok, steered_recipe(tmp_path), source_loss=True, mixing=True, replica_group=0)
     assert _loader(tok, steered_recipe(tmp_path))._stream.mixing is None, "the table alone steers nothing"
 

@@ -87,8 +87,26 @@ def test_a_trainer_that_trains_every_step_is_refused_at_the_first_batch(tok, tmp
 
 
 def test_live_mode_refuses_a_surgery_table(tok, tmp_path):
-    with pytest.raises(IntegrationError, match=r"a \[surgery\] table is not supported in live mode \(torchft\)"):
+    refused = (r"surgery: a \[surgery\] table \(skip_steps, quarantine\) is refused in live mode \(torchft\): .* "
+               r"a run without torchft \(--module zephon_torchtitan")
+    with pytest.raises(IntegrationError, match=refused):
         _loader(tok, surgery_recipe(tmp_path, "2..3"), replica_group=0)
+
+
+def test_live_mode_refuses_a_journaled_skip_still_ahead_and_starts_past_one(tok, tmp_path):
+    from zephon_torchtitan import ft
+
+    loader = _loader(tok, surgery_recipe(tmp_path, "2..3"))
+    loader._stream.surgery()  # journaled, as before a fresh run's first batch: steps 2..3 are ahead
+    problems = ft.live_start_problems(loader._stream)
+    assert len(problems) == 1 and problems[0].startswith("the loader state's surgery journal skips steps 2..3, which "
+                                                         "live mode (torchft) cannot honour")
+    it = iter(loader)
+    for _ in range(2 * STEP):  # steps 1 and 4: the lanes are past the skip
+        next(it)
+    past = _loader(tok, surgery_recipe(tmp_path, None))
+    past.load_state_dict(loader.state_dict())
+    assert ft.live_start_problems(past._stream) == []
 
 
 def test_torchtitan_02_refuses_a_skip_at_the_first_batch_naming_the_fix(tmp_path):
