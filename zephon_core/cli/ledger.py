@@ -15,14 +15,16 @@ from zephon_core.integration.state_readers import load_checked_state
 
 def _build(a: argparse.Namespace, recipe: Any, state: Any, B: int, logged: list[Any]) -> Any:
     """From the logs when they carry rows (and ``--replay`` is not given), else by replay."""
+    from zephon_core.pipeline.mixing import with_history
     from zephon_core.verify.ledger import build_ledger
     from zephon_core.verify.ledger_logs import carry_rows, ledger_from_logs
 
     if logged and not a.replay and carry_rows(logged):
         return ledger_from_logs(logged, state, B, recipe.sources(), a.dp_degree)
     C = int(state["canonical_replicas"])
-    return build_ledger(lambda: pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0),
-                        state, B, a.dp_degree)
+    # The run's batches as it cut them: a steered run's decided stages replayed (with_history).
+    return build_ledger(lambda: with_history(pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C,
+                                                      prefetch=0), state, where=a.state), state, B, a.dp_degree)
 
 
 def run(a: argparse.Namespace) -> int:
