@@ -33,7 +33,7 @@ from zephon_core.batch import Cursor
 from zephon_core.checkpoint.steering import FIELD as STEERING
 from zephon_core.checkpoint.steering import Clock, clock_of
 from zephon_core.checkpoint.surgery import FIELD as SURGERY
-from zephon_core.checkpoint.surgery import Journal, journal_of, refuse_begun, skip_of
+from zephon_core.checkpoint.surgery import Journal, add_skips, journal_of, skip_of
 from zephon_core.errors import StateError
 from zephon_core.metrics import Tally
 from zephon_core.validation import require_int
@@ -180,13 +180,12 @@ def skip_in_state(state: Mapping[str, Any], first: int, last: int, batches_per_s
     """``state`` with global steps ``first..last`` journaled as skipped (``checkpoint.surgery``); its lanes are
     untouched, so the skip is undone by taking the journal entry out again.
 
-    Refused (StateError) when the state is not intact, or when one of its lanes already delivered a batch of
-    step ``first`` or later: a skip starts after the checkpoint it is applied to (roll back first).
+    Refused (StateError) when the state is not intact, or as ``surgery.add_skips`` refuses a skip (one overlapping a
+    journaled one, or of steps a lane already delivered); the same skip journaled already leaves the state as it is.
     """
     lanes = parse_lanes(state)
     verify_checksum(state)
     skip = skip_of(first, last, batches_per_step, state["canonical_replicas"])
-    refuse_begun(skip, lanes)
-    journal = journal_of(state).with_skip(skip)
+    journal = add_skips(journal_of(state), [skip], lanes)
     return make_state(state["definition"], state["canonical_replicas"], state["topology"], lanes, journal,
                       clock_of(state))

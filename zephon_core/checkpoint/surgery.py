@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,27 @@ def refuse_begun(skip: Skip, lanes: Mapping[int, Any]) -> None:
                          f"skip from a checkpoint taken before step {skip.first}")
 
 
+def add_skips(journal: Journal, skips: Iterable[Skip], lanes: Mapping[int, Any]) -> Journal:
+    """``journal`` with ``skips`` added, given ``lanes`` (lane -> its ``LaneState``: what each delivered): the one skip
+    rule, behind ``zephon skip``, ``Pipeline.skip_steps``, a recipe's ``[surgery]`` (``apply_surgery``) and Megatron.
+
+    A skip journaled identically already is a no-op, whatever the lanes delivered since: a request stays in a recipe
+    for the rest of a run, and asking twice is harmless. A skip that overlaps a journaled one but is not it, or one
+    of steps a lane already delivered, is refused (StateError) naming the steps and the fix; nothing is added then.
+    """
+    for skip in skips:
+        if skip in journal.skips:
+            continue
+        refuse_begun(skip, lanes)  # first: steps already trained want a roll-back, whatever the journal holds
+        clash = next((s for s in journal.skips if s.first <= skip.last and skip.first <= s.last), None)
+        if clash is not None:
+            raise StateError(f"cannot skip {skip} ({skip.batches_per_lane} batches a lane a step): the journal "
+                             f"already skips {clash} ({clash.batches_per_lane} a lane a step), which overlaps it; "
+                             f"ask for exactly {clash} (journaled: nothing to do) or for steps outside it")
+        journal = journal.with_skip(skip)
+    return journal
+
+
 @dataclass(frozen=True)
 class Journal:
     """What surgery a run has had; empty for almost every run."""
@@ -97,7 +118,7 @@ class Journal:
         return bool(self.skips or self.quarantines)
 
     def with_skip(self, skip: Skip) -> Journal:
-        """This journal and ``skip`` (once; kept in step order)."""
+        """This journal and ``skip`` (once; kept in step order), unchecked: a request goes through ``add_skips``."""
         return self if skip in self.skips else Journal(tuple(sorted({*self.skips, skip})), self.quarantines)
 
     def with_quarantine(self, q: Quarantine) -> Journal:

@@ -16,6 +16,7 @@ from zephon_core.integration.state_readers import load_checked_state
 def _resume_check(a: argparse.Namespace) -> int:
     """A checkpoint (``a.a``) against a recipe (``a.b``): would the recipe's pipeline resume from it,
     and why (or why not)."""
+    from zephon_core.pipeline.mixing import with_history
     from zephon_core.verify.shape import build, framework_of
 
     state = load_checked_state(a.a)
@@ -29,7 +30,9 @@ def _resume_check(a: argparse.Namespace) -> int:
                            "the run read)")
         shape = replace(shape, framework=framework_of(state["definition"]))
     p = build(recipe, shape, canonical_replicas=state["canonical_replicas"], prefetch=0)
-    verdict = p.resume_verdict(state)
+    if recipe.spec.mixing is not None:  # a run of this recipe resumes with mixing on: the state's journal replayed
+        p = with_history(p, state, check=False, where=a.a)
+    verdict = p.resume_verdict(state)  # without [mixing], a steered state's verdict says to resume with mixing on
     print(("accepted: " if verdict.accepted else "refused: ") + verdict.message)
     for line in verdict.differences:
         print(f"  {line}")

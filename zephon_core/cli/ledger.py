@@ -22,7 +22,7 @@ def _build(a: argparse.Namespace, recipe: Any, state: Any, B: int, logged: list[
         return ledger_from_logs(logged, state, B, recipe.sources(), a.dp_degree)
     C = int(state["canonical_replicas"])
     return build_ledger(lambda: pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0),
-                        state, B, a.dp_degree)
+                        state, B, a.dp_degree, where=a.state)
 
 
 def run(a: argparse.Namespace) -> int:

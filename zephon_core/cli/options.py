@@ -48,18 +48,16 @@ def journal_option(p: argparse.ArgumentParser) -> None:
 
 def pipeline(recipe: Any, a: argparse.Namespace, **options: Any) -> Any:
     """The pipeline ``recipe`` defines, shaped as the command line says; ``options`` go to ``Pipeline.options``;
-    with ``--journal``, over the mixture that state's journal steered and with its surgery (``p.surgery``)."""
+    with ``--journal``, as the run of that state had it (``with_history``: its mixing journal replayed, its
+    surgery)."""
     from zephon_core.verify.shape import build
 
     p = build(recipe, shape_of(a), **options)
     if getattr(a, "journal", None):
-        from zephon_core.checkpoint.surgery import journal_of
-        from zephon_core.pipeline.mixing import replay
-        from zephon_core.report.inputs import read_state
+        from zephon_core.integration.state_readers import load_checked_state
+        from zephon_core.pipeline.mixing import with_history
 
-        state = read_state(a.journal)
-        p = replay(p, state)
-        p.surgery = journal_of(state)
+        p = with_history(p, load_checked_state(a.journal), where=a.journal)
     return p
 
 

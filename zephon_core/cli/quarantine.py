@@ -1,9 +1,11 @@
 """``zephon quarantine``: journal documents to leave out of a run from its checkpoint state on.
 
 The state's JSON file is rewritten atomically with the quarantine in its surgery journal
-(``zephon_core.checkpoint.surgery``); its lanes are not touched. Each lane leaves the documents out from the
-first chunk it has not begun to read, which needs the run's recipe and shape (as ``zephon trace`` does). A
-document named by its content hash is every document with that content (``verify.content_hashes``).
+(``zephon_core.checkpoint.surgery``); its lanes are not touched. A steered run's state works as any other: the
+recipe's pipeline is rebuilt with its mixing journal replayed (``pipeline.mixing.with_history``). Each lane leaves
+the documents out from the first chunk it has not begun to read, which needs the run's recipe and shape (as
+``zephon trace`` does). A document named by its content hash is every document with that content
+(``verify.content_hashes``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def resolve_hashes(hashes: list[str], p: Any, a: argparse.Namespace) -> list[tup
 
 
 def run(a: argparse.Namespace) -> int:
+    from zephon_core.pipeline.mixing import with_history
     from zephon_core.pipeline.surgery import document_of, quarantined_state
     from zephon_core.verify.content_hashes import is_content_hash
 
@@ -51,7 +54,10 @@ def run(a: argparse.Namespace) -> int:
     recipe = load(a.recipe)
     state = load_checked_state(a.state)
     C = int(state["canonical_replicas"])
-    with pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0) as p:
+    # As the run had it: a steered run's decided stages replayed, so its state restores.
+    p = with_history(pipeline(recipe, a, dp_degree=1, dp_group_id=0, canonical_replicas=C, prefetch=0), state,
+                     where=a.state)
+    with p:
         new = quarantined_state(p, state, documents + resolve_hashes(hashes, p, a))
     out = a.out or a.state
     data = (json.dumps(new) + "\n").encode()

@@ -26,14 +26,14 @@ live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds
 * steering and surgery, which an adapter drives step by step: ``MixingLoader``, ``Mixing``, ``LocalFigures``,
   a journaled ``Decision`` and its ``DENOMINATOR`` (``pipeline.mixing``, ``curriculum.journal``);
   ``SurgeryRequest``/``apply_surgery`` and the surgery journal (``SurgeryJournal``, ``Skip``,
-  ``surgery_journal_of``, ``skip_of``, ``refuse_begun``: ``checkpoint.surgery``);
+  ``surgery_journal_of``, ``skip_of``, ``add_skips`` (the one skip rule): ``checkpoint.surgery``);
 * and the few core pieces an adapter handles itself: ``Recipe``/``load_recipe``, ``parse_lanes``
   (a state's lanes, validated), ``load_tokenizer`` and ``write_atomically``.
 """
 
 from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.checkpoint.surgery import Journal as SurgeryJournal
-from zephon_core.checkpoint.surgery import Skip, refuse_begun, skip_of
+from zephon_core.checkpoint.surgery import Skip, add_skips, skip_of
 from zephon_core.checkpoint.surgery import journal_of as surgery_journal_of
 from zephon_core.curriculum.journal import DENOMINATOR, Decision
 from zephon_core.errors import IntegrationError
@@ -95,8 +95,8 @@ __all__ = [
     "Skip",
     "SurgeryJournal",
     "SurgeryRequest",
+    "add_skips",
     "apply_surgery",
-    "refuse_begun",
     "skip_of",
     "surgery_journal_of",
     "Asked",

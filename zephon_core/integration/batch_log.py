@@ -73,15 +73,18 @@ class LogIdentity(NamedTuple):
 def run_fingerprint(definition: Mapping[str, Any]) -> str:
     """16 hex digits naming the run of a data definition (a pipeline's ``definition()``, a state's ``definition``).
 
-    It hashes what stays the same for the whole run: the sources (names and content fingerprints), seed,
-    chunking, shuffle, the first stage's weights and the operators. A steering decision or a stage appended on
-    resume (which change the definition's own fingerprint) leave it as it was, so one run's lines all carry it.
+    It hashes what stays the same for the whole run: the first stage's sources (names and content fingerprints)
+    and weights, seed, chunking, shuffle and the operators. A steering decision or a stage appended on resume,
+    with sources of its own or not (which change the definition's own fingerprint), leave it as it was, so one
+    run's lines all carry it.
     """
     parsed = parse_definition(definition)
     ws = parsed.work_source
-    kept: Any = definition["work_source"] if ws is None else {
+    first = ws.stages[0] if ws is not None else None
+    kept: Any = definition["work_source"] if ws is None or first is None else {
         "seed": ws.seed, "chunk_size": ws.chunk_size, "exhausted": ws.exhausted, "shuffle": ws.shuffle,
-        "sources": [s.definition(weight=False) for s in ws.sources], "first": ws.stages[0].data()}
+        "sources": [s.definition(weight=False) for s in ws.sources if s.name in first.weights],
+        "first": first.data()}
     return fingerprint_of({"work_source": kept, "ops": list(parsed.ops)})[:16]
 
 

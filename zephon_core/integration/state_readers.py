@@ -1,4 +1,4 @@
-"""Reading a Zephon state out of whatever file holds it, for ``zephon inspect`` and ``zephon diff``.
+"""Reading a Zephon state out of whatever file holds it, for every command that reads one (``load_checked_state``).
 
 A plain state is a JSON file. Framework checkpoints (a TorchTitan DCP folder, a
 Megatron loader-state file) are read by readers their adapters register as
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from zephon_core.checkpoint.state import parse_lanes
+from zephon_core.checkpoint.state import parse_lanes, verify_checksum
 from zephon_core.errors import ConfigError, StateError
 
 GROUP = "zephon.state_readers"
@@ -90,11 +90,16 @@ def load_state(path: str, readers: list[StateReader] | None = None) -> dict[str,
 
 
 def load_checked_state(path: str, readers: list[StateReader] | None = None) -> dict[str, Any]:
-    """``load_state``, then the state's own checks (``parse_lanes``); a state that fails them is a ``StateError``
-    naming ``path`` (the checks themselves know the field, not the file)."""
+    """``load_state``, then exactly the checks ``Pipeline.restore`` makes (``parse_lanes``, then ``verify_checksum``);
+    a state that fails them is a ``StateError`` naming ``path`` (the checks themselves know the field, not the file).
+
+    The one door for every command that reads a state: one that only shows a state (``zephon inspect``) checks it
+    as strictly as a restore, so a hand-edited state is refused at once rather than by the next command that
+    rewrites or replays it."""
     state = load_state(path, readers)
     try:
         parse_lanes(state)
+        verify_checksum(state)
     except StateError as e:
         raise StateError(f"{path}: {e}; pass a state Zephon wrote, unchanged") from None
     return state

@@ -12,7 +12,7 @@ from typing import Any
 from zephon_core.batch import Batch, Cursor
 from zephon_core.checkpoint.state import LaneState, fingerprint_of, make_state, parse_lanes, verify_checksum
 from zephon_core.checkpoint.steering import Clock, clock_of
-from zephon_core.checkpoint.surgery import Journal, journal_of, refuse_begun, skip_of
+from zephon_core.checkpoint.surgery import Journal, add_skips, journal_of, skip_of
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError, StateError
 from zephon_core.lane.ops import BatchOp, DocOp, FilterOp, MapOp, Op, PackOp, ShuffleOp, TokenizeOp
@@ -173,10 +173,10 @@ class Pipeline:
         """Leave out the data of global steps ``first..last`` (from 1; ``batches_per_step`` batches each, on every
         rank together): the lanes move past it as if it had trained, nothing of it is delivered, and the skip is
         journaled in every later state (``zephon_core.checkpoint.surgery``). Before iterating or at any step
-        before ``first``; a step this pipeline's lanes already delivered is refused (roll back first)."""
+        before ``first``; under ``surgery.add_skips``'s rule: the same skip journaled already is a no-op, one
+        overlapping a journaled skip or of steps this pipeline's lanes already delivered is refused."""
         skip = skip_of(first, last, batches_per_step, self._identity.canonical_replicas)
-        refuse_begun(skip, self._lane_states(copy=False))
-        self.surgery = self.surgery.with_skip(skip)
+        self.surgery = add_skips(self.surgery, [skip], self._lane_states(copy=False))
         if self._engine is not None:
             self._engine.skips = self.surgery.skipper()
 

@@ -28,14 +28,16 @@ from typing import Any
 
 from zephon_core.batch import Batch
 from zephon_core.checkpoint.merge import diff_definitions
+from zephon_core.checkpoint.state import fingerprint_of
 from zephon_core.checkpoint.steering import Clock, clock_of
+from zephon_core.checkpoint.surgery import journal_of
 from zephon_core.curriculum.controllers import MixingController, MixingInputs, bounded, controller_from
 from zephon_core.curriculum.definition import parse_definition
 from zephon_core.curriculum.journal import DENOMINATOR, Decision, Journal, quantize
 from zephon_core.curriculum.steered import with_journal
 from zephon_core.curriculum.token_index import DocumentTokens, TokenCounter
 from zephon_core.curriculum.work_source import WorkSource
-from zephon_core.errors import ConfigError
+from zephon_core.errors import ConfigError, StateError
 from zephon_core.lane.docops import token_counter
 from zephon_core.lane.ops import TokenizeOp
 from zephon_core.pipeline.builder import Pipeline
@@ -134,12 +136,42 @@ def replay(pipeline: Pipeline, state: Mapping[str, Any], token_counter: TokenCou
     journal = parse_definition(state["definition"]).journal
     if journal is None or not journal.decisions:
         return pipeline
-    ws = with_journal(pipeline.work_source, journal, token_counter or counter_of(pipeline))
+    fix = "use the recipe of the run that wrote the state"
+    try:
+        ws = with_journal(pipeline.work_source, journal, token_counter or counter_of(pipeline))
+    except ConfigError as e:  # the decided stages do not even fit after the recipe's own (a stage added since)
+        raise ConfigError(f"the state's mixing journal does not replay over the recipe's mixture: {e}; {fix}") from None
     differs = diff_definitions(state["definition"]["work_source"], ws.definition(), "work_source")
     if differs:
         raise ConfigError(f"the recipe's mixture with the state's journal replayed is not the state's: {differs[0]}; "
-                          "use the recipe of the run that wrote the state")
+                          f"{fix}")
     return pipeline.with_work_source(ws)
+
+
+def with_history(pipeline: Pipeline, state: Mapping[str, Any], token_counter: TokenCounter | None = None, *,
+                 check: bool = True, where: str = "") -> Pipeline:
+    """``pipeline`` (built from the run's recipe) as the run that wrote ``state`` (a checked state) had it: its mixing
+    journal replayed (``replay``) and its surgery journal set (``pipeline.surgery``). Nothing is restored.
+
+    The one way a reader of a state rebuilds the run's pipeline (``zephon quarantine``, ``ledger``, ``trace``,
+    ``verify-elastic``, ``explain``, ``diff``, ``report``), so a steered run's state reads and restores as any other,
+    and no part of its history is left out. What cannot be applied is refused, never read as other data: a journal
+    the recipe's mixture does not fit (ConfigError) and, with ``check``, a state ``restore`` would refuse for this
+    data (StateError, the resume verdict's line; without ``check`` the caller asks for the verdict itself). The
+    message starts with ``where`` (the state's file) when given.
+    """
+    try:
+        p = replay(pipeline, state, token_counter)
+        if check and state["fingerprint"] != fingerprint_of(p.definition()):
+            verdict = p.resume_verdict(state)
+            if not verdict.accepted:
+                raise StateError(verdict.message)
+    except (ConfigError, StateError) as e:
+        if not where:
+            raise
+        raise type(e)(f"{where}: {e}") from None
+    p.surgery = journal_of(state)
+    return p
 
 
 class MixingLoader:

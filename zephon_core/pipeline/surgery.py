@@ -10,7 +10,7 @@ from typing import Any
 from zephon_core.batch import Cursor
 from zephon_core.checkpoint.state import make_state, parse_lanes
 from zephon_core.checkpoint.steering import clock_of
-from zephon_core.checkpoint.surgery import Journal, Quarantine, skip_of
+from zephon_core.checkpoint.surgery import Journal, Quarantine
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError, StateError
 from zephon_core.lane.chunks import LaneQuarantine
@@ -108,19 +108,17 @@ class SurgeryRequest:
 def apply_surgery(pipeline: Any, request: SurgeryRequest, batches_per_step: int) -> list[str]:
     """Journal in ``pipeline`` (restored, not yet iterated) what ``request`` asks and its journal lacks; what is
     journaled already (a resume after the surgery) is left as it is, so a request may stay in a recipe for the rest
-    of the run. Returns a line per entry journaled now. A skip of steps the lanes already delivered, or a document
-    the sources do not have, is refused naming ``request.where``."""
+    of the run. Returns a line per entry journaled now. A skip ``Pipeline.skip_steps`` refuses
+    (``checkpoint.surgery.add_skips``), or a document the sources do not have, is refused naming ``request.where``."""
     done: list[str] = []
-    C = pipeline.identity.canonical_replicas
     for first, last in request.skips:
-        skip = skip_of(first, last, batches_per_step, C)
-        if skip in pipeline.surgery.skips:
-            continue
+        before = pipeline.surgery
         try:
             pipeline.skip_steps(first, last, batches_per_step)
         except StateError as e:
             raise StateError(f"{request.where}: {e}") from None
-        done.append(f"{skip} skipped ({batches_per_step} batches a step)")
+        if pipeline.surgery != before:
+            done.append(f"steps {first}..{last} skipped ({batches_per_step} batches a step)")
     journaled = {d for q in pipeline.surgery.quarantines for d in q.documents}
     new = [d for d in dict.fromkeys(request.documents) if d not in journaled]
     if new:

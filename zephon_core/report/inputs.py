@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.curriculum.definition import parse_definition
-from zephon_core.errors import CliError, DataError, StateError
+from zephon_core.errors import CliError, DataError
 from zephon_core.integration.batch_log import LoggedBatch, parse_line
-from zephon_core.integration.state_readers import StateReadError, load_state
+from zephon_core.integration.state_readers import StateReadError, load_checked_state
 from zephon_core.verify.log_timelines import read_run_logs
 
 # A checkpoint of a series: TorchTitan's step-N folders, Megatron's iter_NNNNNNN ones (or such JSON files).
@@ -104,16 +103,13 @@ def classify(paths: Sequence[str]) -> Inputs:
 
 
 def read_state(path: str) -> dict[str, Any]:
-    """A checkpoint's state, validated; a file that holds none is refused naming it and what it is not."""
+    """A checkpoint's state, checked as a restore checks it (``load_checked_state``: a ``StateError`` naming the
+    file); a file that holds none is refused naming it and what it is not."""
     try:
-        state = load_state(path)
-        parse_lanes(state)
+        return load_checked_state(path)
     except StateReadError as e:
         reason = str(e).removeprefix(f"{path}: ")
         raise CliError(f"{path}: neither a batch audit log nor a checkpoint state ({reason})") from None
-    except StateError as e:
-        raise CliError(f"{path}: not a valid checkpoint state: {e}") from None
-    return state
 
 
 def read_logs(paths: Sequence[str]) -> list[tuple[str, LoggedBatch]]:

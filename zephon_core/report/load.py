@@ -92,18 +92,19 @@ def _with_recipe_sizes(c: Curriculum, a: ReportRequest, state: Mapping[str, Any]
     return Curriculum(c.sources, c.stages, c.shares, sizes, where, c.stage_starts)
 
 
-def _run_pipeline(a: ReportRequest, state: Mapping[str, Any]) -> Any:
+def _run_pipeline(a: ReportRequest, state: Mapping[str, Any], path: str) -> Any:
     """The run's pipeline on one group, every lane (its mixing journal replayed), from ``--recipe``; None where the
     recipe is not given or cannot be built without the run's shape (a training recipe without ``--framework``)."""
     if not a.recipe:
         return None
-    from zephon_core.pipeline.mixing import replay
+    from zephon_core.pipeline.mixing import with_history
     from zephon_core.recipe import load_recipe
 
     recipe = load_recipe(a.recipe)
     if recipe.spec.standalone is None and a.shape.framework is None:
         return None
-    return replay(build(recipe, a.shape, prefetch=0, canonical_replicas=state["canonical_replicas"]), state)
+    p = build(recipe, a.shape, prefetch=0, canonical_replicas=state["canonical_replicas"])
+    return with_history(p, state, where=path)
 
 
 def _label(path: str) -> str:
@@ -129,7 +130,7 @@ def _run_of_checkpoints(paths: list[tuple[int | None, str]], a: ReportRequest) -
     history, notes = history_of_states([(step, s) for step, _, s in dated], len(c.stages), len(c.sources))
     c = c.widened(*history.shape)
     surgery = journal_of(state)
-    p = _run_pipeline(a, state) if surgery.skips else None
+    p = _run_pipeline(a, state, dated[-1][1]) if surgery.skips else None
     if p is not None:
         delivered = [{lane: ls.delivered for lane, ls in parse_lanes(s).items()} for _, _, s in dated]
         history = without_skipped(history, skipped_figures(p, surgery, delivered))
@@ -160,13 +161,13 @@ def _logs_plan(a: ReportRequest, steered: Mapping[str, Any] | None
     """The curriculum, lanes (None: count the logs') and rows' shape that audit logs are read against: the recipe's
     with the journal of ``steered`` replayed, the recipe's, the steered state's own definition, or none."""
     if a.recipe and steered is not None:
-        from zephon_core.pipeline.mixing import replay
+        from zephon_core.pipeline.mixing import with_history
         from zephon_core.recipe import load_recipe
 
         options: dict[str, Any] = {"prefetch": 0}
         if a.canonical_replicas is not None:
             options["canonical_replicas"] = a.canonical_replicas
-        p = replay(build(load_recipe(a.recipe), a.shape, **options), steered)  # refused where the journal does not fit
+        p = with_history(build(load_recipe(a.recipe), a.shape, **options), steered, where=str(a.journal))
         return curriculum_of(p.work_source, a.recipe), p.identity.canonical_replicas, row_shape(p.definition())
     if a.recipe:
         ws, C, shape = _recipe_plan(a)

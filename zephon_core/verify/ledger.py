@@ -33,7 +33,7 @@ from zephon_core.checkpoint.surgery import LaneSkips, journal_of
 from zephon_core.errors import ConfigError, DataError
 from zephon_core.integration.batch_log import LoggedBatch
 from zephon_core.pipeline import Pipeline
-from zephon_core.pipeline.mixing import replay
+from zephon_core.pipeline.mixing import with_history
 from zephon_core.sources.base import Source
 
 COLUMNS = ("step", "lane", "lane_index", "rank", "row", "source", "document", "start", "stop")
@@ -224,13 +224,13 @@ def ledger_of(table: np.ndarray, sources: Sequence[Source], digests: dict[tuple[
 
 
 def build_ledger(make: Callable[[], Pipeline], state: Mapping[str, Any], batches_per_step: int,
-                 dp_degree: int | None = None) -> Ledger:
+                 dp_degree: int | None = None, where: str = "") -> Ledger:
     """The ledger of the run ``state`` is a checkpoint of, by replay; ``make()`` builds its recipe's pipeline on one
-    group, all lanes (a steered run's journal is replayed over it here: a recipe it does not fit is refused)."""
+    group, all lanes; the state's history is applied to it here (``with_history``: a steered run's journal replayed,
+    its skips and quarantines as its lanes applied them; what does not fit is refused, starting with ``where``)."""
     plan = plan_of(state, batches_per_step, dp_degree)
     owed = plan.owed()
-    pipeline = replay(make(), state)
-    pipeline.surgery = journal_of(state)  # the run's skips and quarantines, as its lanes applied them
+    pipeline = with_history(make(), state, where=where)
     parts: list[np.ndarray] = []
     digests: dict[tuple[int, int], str] = {}
     with pipeline:

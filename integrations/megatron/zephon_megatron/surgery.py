@@ -26,7 +26,7 @@ from typing import Any
 
 from zephon_core import StateError
 from zephon_core.integration import SurgeryJournal as Journal
-from zephon_core.integration import SurgeryRequest, apply_surgery, parse_lanes, refuse_begun, skip_of
+from zephon_core.integration import SurgeryRequest, add_skips, apply_surgery, parse_lanes, skip_of
 from zephon_core.integration import surgery_journal_of as journal_of
 from zephon_core.integration.announce import surgery_line
 from zephon_megatron.validate import ZephonMegatronError
@@ -68,16 +68,12 @@ def ranges_of(steps: Iterable[int]) -> tuple[tuple[int, int], ...]:
 
 
 def _add(journal: Journal, request: SurgeryRequest, B: int, C: int, lanes: Mapping[int, Any]) -> Journal:
-    """``journal`` with ``request``'s skips, refused as ``apply_surgery`` would refuse them on a loading rank."""
-    for first, last in request.skips:
-        try:
-            skip = skip_of(first, last, B, C)
-            if skip not in journal.skips:
-                refuse_begun(skip, lanes)
-        except StateError as e:
-            raise ZephonMegatronError(f"zephon: {request.where}: {e}") from None
-        journal = journal.with_skip(skip)
-    return journal
+    """``journal`` with ``request``'s skips under the core's one rule (``add_skips``, which ``apply_surgery`` applies
+    on a loading rank), so every rank refuses or accepts alike."""
+    try:
+        return add_skips(journal, [skip_of(first, last, B, C) for first, last in request.skips], lanes)
+    except StateError as e:
+        raise ZephonMegatronError(f"zephon: {request.where}: {e}") from None
 
 
 def skips_at_start(args: Any, recipe: SurgeryRequest, state: Mapping[str, Any] | None, *, ramps: bool,
