@@ -141,9 +141,10 @@ def save_clock(args: Any, batch_steps: tuple[tuple[int, int, int], ...] = (),
     at: list[tuple[str, int, str]] = []
     iters, samples = getattr(args, "train_iters", None), getattr(args, "train_samples", None)
     if iters:
-        what = f"--train-samples = {samples} ({iters} iterations)" if samples else f"--train-iters = {iters}"
-        at.append((f"{what}, at the end of training,", int(iters), f"set {what.split(' =')[0]} so that training ends at "
-                   f"a multiple of --log-interval (e.g. {next_multiple(int(iters), L)} iterations)"))
+        flag = "--train-samples" if samples else "--train-iters"
+        what = f"{flag} = {samples} ({iters} iterations)" if samples else f"{flag} = {iters}"
+        at.append((f"{what}, at the end of training,", int(iters), f"set {flag} so that training ends at a multiple "
+                   f"of --log-interval (e.g. {next_multiple(int(iters), L)} iterations)"))
     phases = getattr(args, "phase_transition_iterations", None) or ()
     for n in sorted(int(x) for x in (phases.split(",") if isinstance(phases, str) else phases)):
         at.append((f"--phase-transition-iterations {n}", n, "make every one a multiple of --log-interval"))
