@@ -9,7 +9,8 @@ live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds
 * ``plan``: the one start-up plan (``startup_plan(recipe, Facts, Asked)`` -> ``StartupPlan``: the recipes
   loaded once, the lanes resolved once, coordination, held-out sets, step rules; ``problems`` -> ``refuse``);
 * ``rules``: the start-up rules of the elastic guarantee (``topology_problems``, ``refuse``), worded
-  in the framework's ``Terms``;
+  in the framework's ``Terms``; a steered mixture's checkpoints only at logged steps (``SaveClock``,
+  ``unlogged_saves``);
 * ``announce``: the lines an adapter logs about Zephon (``startup_line``: recipe, lanes, data-parallel degree;
   ``lanes_line``: a rank's lanes; ``restored_line``: where a resumed state stood, from and to which degree);
 * ``trial``: what the laptop commands (``python -m zephon_torchtitan.cpu`` / ``zephon_megatron.cpu``) share;
@@ -62,12 +63,14 @@ from zephon_core.integration.coordination import (
 from zephon_core.integration.metrics import IntervalMetrics, LoggedFigures, console_line
 from zephon_core.integration.plan import Asked, Facts, HeldOut, StartupPlan, startup_plan
 from zephon_core.integration.rules import (
+    SaveClock,
     Terms,
     Topology,
     divisors,
     next_multiple,
     refuse,
     topology_problems,
+    unlogged_saves,
     warn_unknown_step_size,
 )
 from zephon_core.integration.source_loss import (
@@ -111,6 +114,7 @@ __all__ = [
     "Recipe",
     "SourceLoss",
     "SourceLossHook",
+    "SaveClock",
     "StartupPlan",
     "StateReadError",
     "StateReader",
@@ -144,6 +148,7 @@ __all__ = [
     "startup_line",
     "source_loss_of",
     "topology_problems",
+    "unlogged_saves",
     "warn_unknown_step_size",
     "write_atomically",
 ]

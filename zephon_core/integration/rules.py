@@ -1,6 +1,7 @@
 """The start-up rules of the elastic guarantee, every broken one reported at once, worded in the
 framework's own terms (``Terms``): ``topology_problems`` lists them, ``refuse`` raises them as one
-``IntegrationError``; ``warn_unknown_step_size`` when a framework cannot tell the step size."""
+``IntegrationError``; ``warn_unknown_step_size`` when a framework cannot tell the step size; ``unlogged_saves``:
+a steered mixture's rule that every checkpoint falls on a logged step (``SaveClock``)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,40 @@ def topology_problems(t: Topology, terms: Terms) -> list[str]:
 def next_multiple(value: int, of: int) -> int:
     """The smallest positive multiple of ``of`` that is at least ``value``."""
     return of * max(1, -(-value // of))
+
+
+@dataclass(frozen=True)
+class SaveClock:
+    """When a steered run (mixing) logs and when it saves a checkpoint with the loader's state, in the framework's
+    step numbers and setting names. The adapters hand ``MixingLoader.record_loss`` the per-source loss only at a
+    logged step and keep what they accumulated since out of the state, so a checkpoint at a step that is not
+    logged would resume without those steps' losses and decide otherwise than the uninterrupted run."""
+
+    log_setting: str  # e.g. "metrics.log_freq"
+    log_every: int  # a step is logged when it is a multiple of this
+    every: tuple[tuple[str, int], ...] = ()  # (setting, N): a checkpoint at every multiple of N
+    at: tuple[tuple[str, int, str], ...] = ()  # (what saves, step, the fix): a checkpoint at that step
+    last: int | None = None  # the run's last step: no periodic checkpoint after it (None: unknown)
+    first_logged: bool = False  # step 1 is logged too, whatever log_every (TorchTitan)
+    step: str = "step"  # what the framework calls a step ("iteration")
+
+    def logged(self, step: int) -> bool:
+        return step % max(1, self.log_every) == 0 or (self.first_logged and step == 1)
+
+
+def unlogged_saves(c: SaveClock) -> list[str]:
+    """Every checkpoint of ``c`` that falls on a step it does not log, one sentence each (empty: all exact)."""
+    F, out = max(1, c.log_every), []
+    why = (f"which {c.log_setting} = {F} does not log: a steered mixture (mixing) resumed there would lose the "
+           f"per-source loss of the {c.step}s since the last logged one and decide otherwise")
+    for setting, n in c.every:
+        # k*n mod F repeats within F multiples; the one after covers a first multiple that only step 1 rescues.
+        bad = next((k * n for k in range(1, F + 2) if not c.logged(k * n)), None) if n > 0 else None
+        if bad is not None and (c.last is None or bad <= c.last):
+            out.append(f"{setting} = {n} saves a checkpoint at {c.step} {bad}, {why}; "
+                       f"set {setting} to a multiple of {c.log_setting} (e.g. {next_multiple(n, F)})")
+    out += [f"{what} saves a checkpoint at {c.step} {s}, {why}; {fix}" for what, s, fix in c.at if not c.logged(s)]
+    return out
 
 
 def refuse(problems: list[str], error: type[IntegrationError] = IntegrationError, *, rank: int | None = None) -> None:

@@ -2,18 +2,28 @@
 
 The rules of the elastic guarantee (lanes, step size at every step of a schedule, aggregation) are the
 start-up plan's (``StartupPlan.problems``), worded in Megatron's terms (``terms``); Megatron's own rules
-(evaluation, masks, flags it does not read) work on plain values (``RunShape``). ``check`` refuses both
+(evaluation, masks, flags it does not read, a steered run's checkpoints only at logged iterations: ``save_clock``)
+work on plain values (``RunShape``). ``check`` refuses both
 at once, at ``pretrain()`` entry on every rank and again in the dataset provider once the lane count is
 final. Each message says what to change.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zephon_core.integration import IntegrationError, StartupPlan, Terms, next_multiple, refuse
+from zephon_core.integration import (
+    IntegrationError,
+    SaveClock,
+    StartupPlan,
+    Terms,
+    next_multiple,
+    refuse,
+    unlogged_saves,
+)
 
 if TYPE_CHECKING:
     from zephon_megatron.schedule import Steps
@@ -57,6 +67,7 @@ class RunShape:
     # zephon_megatron.pretrain_gpt, whose broadcast sends what the loader made.
     megatron_broadcast: bool = True
     data_flags: tuple[str, ...] = ()  # Megatron's own data flags given (the recipe names the data instead)
+    saves: SaveClock | None = None  # when a steered run (--zephon-mixing) logs and checkpoints; None: not steered
 
     @property
     def batches_per_step(self) -> int:
@@ -98,6 +109,7 @@ class RunShape:
             dataloader_save=getattr(args, "dataloader_save", None),
             megatron_broadcast=megatron_broadcast,
             data_flags=_data_flags(args),
+            saves=save_clock(args, batch_steps, _schedule_flag(args)),
         )
 
 
@@ -108,6 +120,39 @@ _DATA_FLAGS = ("data_path", "data_args_path", "per_split_data_args_path", "train
 
 def _data_flags(args: Any) -> tuple[str, ...]:
     return tuple("--" + f.replace("_", "-") for f in _DATA_FLAGS if getattr(args, f, None) not in (None, False, [], ""))
+
+
+def save_clock(args: Any, batch_steps: tuple[tuple[int, int, int], ...] = (),
+               schedule_flag: str = "--global-batch-size") -> SaveClock | None:
+    """When a steered run (``--zephon-mixing``) logs and checkpoints, in megatron-core 0.19's iterations (None:
+    not steered, or no ``--save``). The adapter takes the per-source loss at every multiple of ``--log-interval``
+    (``MegatronSourceLoss.at_iteration``, after ``training_log``); Megatron checkpoints after it at every multiple
+    of ``--save-interval``, ``--non-persistent-save-interval`` and ``--exit-interval``, at each
+    ``--phase-transition-iterations``, before a step whose global batch grows (a batch-size schedule) and at the
+    end of training (``--train-iters``). A signal (``--exit-signal-handler``), ``--exit-duration-in-mins`` or the
+    rerun state machine save wherever they happen: docs/mixing.md."""
+    if not getattr(args, "zephon_mixing", False) or not getattr(args, "save", None):
+        return None
+    L = max(1, int(getattr(args, "log_interval", 100) or 1))
+    every = tuple((flag, int(value)) for flag, value in (
+        ("--save-interval", getattr(args, "save_interval", None)),
+        ("--non-persistent-save-interval", getattr(args, "non_persistent_save_interval", None)),
+        ("--exit-interval", getattr(args, "exit_interval", None))) if value)
+    at: list[tuple[str, int, str]] = []
+    iters, samples = getattr(args, "train_iters", None), getattr(args, "train_samples", None)
+    if iters:
+        flag = "--train-samples" if samples else "--train-iters"
+        what = f"{flag} = {samples} ({iters} iterations)" if samples else f"{flag} = {iters}"
+        at.append((f"{what}, at the end of training,", int(iters), f"set {flag} so that training ends at a multiple "
+                   f"of --log-interval (e.g. {next_multiple(int(iters), L)} iterations)"))
+    phases = getattr(args, "phase_transition_iterations", None) or ()
+    for n in sorted(int(x) for x in (phases.split(",") if isinstance(phases, str) else phases)):
+        at.append((f"--phase-transition-iterations {n}", n, "make every one a multiple of --log-interval"))
+    grows = [last for _, last, _ in batch_steps[:-1]]
+    at += [(f"{schedule_flag}, whose global batch changes after it,", n,
+            f"set --log-interval to a divisor of every such iteration (e.g. {math.gcd(*grows)})") for n in grows]
+    return SaveClock("--log-interval", L, every=every, at=tuple(at), last=int(iters) if iters else None,
+                     step="iteration")
 
 
 def _schedule_flag(args: Any) -> str:
@@ -223,6 +268,7 @@ def problems(s: RunShape) -> list[str]:
             "builds the causal mask itself and Zephon sends none, so those ranks would hang forever; pass "
             "--no-create-attention-mask-in-dataloader (or --reset-attention-mask if you want per-document masks)"
         )
+    out += unlogged_saves(s.saves) if s.saves is not None else []
     if s.save and not s.dataloader_save:
         out.append(
             "--save is set but --dataloader-save is not: checkpoints would lack the loader state and could not be resumed; "

@@ -10,16 +10,46 @@ With the loader's ``source_loss`` on, every ``log()`` also reduces the per-sourc
 since the previous logged step (``source_loss.SourceLossTally.reduce``: a collective, and TorchTitan
 calls ``log()`` on every rank), logs ``zephon/loss/<source>`` (the mean loss per counted token of
 each source over those steps) and hands the figures to ``zephon_core.integration.publish_source_loss``;
-with the loader's ``mixing`` on, to the mixture's controller too (``steering.steer``).
+with the loader's ``mixing`` on, to the mixture's controller too (``steering.steer``). So a steered run
+checkpoints only at logged steps (``save_clock``: refused at start-up otherwise).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from zephon_core.integration import IntervalMetrics, LoggedFigures, SourceLoss, publish_source_loss
+from zephon_core.integration import (
+    IntervalMetrics,
+    LoggedFigures,
+    SaveClock,
+    SourceLoss,
+    next_multiple,
+    publish_source_loss,
+)
 from zephon_torchtitan.core import LOG, training_stream
 from zephon_torchtitan.steering import steer
+
+
+def save_clock(config: Mapping[str, Any]) -> SaveClock | None:
+    """When a steered job (its loader's ``mixing``) logs and checkpoints, from TorchTitan 0.3's job config as a dict
+    (what it hands the metrics processor); None when it steers nothing or saves no checkpoint.
+
+    TorchTitan logs step 1 and every multiple of ``metrics.log_freq`` (``MetricsProcessor.should_log``) and saves
+    after a step's log: at every multiple of ``checkpoint.interval``, at step 1 with ``enable_first_step_checkpoint``
+    (logged) and at the last step, ``training.steps``, whose checkpoint holds the loader's state only with
+    ``checkpoint.last_save_model_only`` off.
+    """
+    loader, ckpt = config.get("dataloader") or {}, config.get("checkpoint") or {}
+    if not loader.get("mixing") or not ckpt.get("enable") or ckpt.get("load_only"):
+        return None
+    log_freq, steps = int((config.get("metrics") or {}).get("log_freq", 10)), int(config["training"]["steps"])
+    at = () if ckpt.get("last_save_model_only", True) else (
+        (f"training.steps = {steps} (the last step, checkpoint.last_save_model_only = false)", steps,
+         f"set training.steps to a multiple of metrics.log_freq (e.g. {next_multiple(steps, log_freq)}), "
+         "or checkpoint.last_save_model_only = true"),)
+    return SaveClock("metrics.log_freq", log_freq, every=(("checkpoint.interval", int(ckpt.get("interval", 500))),),
+                     at=at, last=steps, first_logged=True)
 
 
 class TrainingMetrics:

@@ -35,11 +35,18 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.config.override import derive
 from torchtitan.trainer import Trainer
 
-from zephon_core.integration import IntegrationError, Skip, refuse, warn_unknown_step_size
+from zephon_core.integration import IntegrationError, Skip, refuse, unlogged_saves, warn_unknown_step_size
 from zephon_core.integration.announce import skipped_steps_line
 from zephon_core.live import live_data_problems
-from zephon_torchtitan.core import LOG, StreamLoader, ZephonStream, coordination_identity, training_stream
-from zephon_torchtitan.metrics import MetricsLogging, TrainingMetrics
+from zephon_torchtitan.core import (
+    LOG,
+    StreamLoader,
+    ZephonStream,
+    coordination_identity,
+    launched_rank,
+    training_stream,
+)
+from zephon_torchtitan.metrics import MetricsLogging, TrainingMetrics, save_clock
 from zephon_torchtitan.settings import Settings, settings_of
 from zephon_torchtitan.source_loss import SourceLossTally
 
@@ -181,7 +188,9 @@ class ZephonMetricsProcessor(MetricsLogging, MetricsProcessor):
     """TorchTitan's ``MetricsProcessor``, logging Zephon's figures (``zephon/...``) with every logged step.
 
     What TorchTitan logs is unchanged; ``[metrics]`` settings (``log_freq``, TensorBoard,
-    W&B, ``save_for_all_ranks``) apply to Zephon's figures as to its own.
+    W&B, ``save_for_all_ranks``) apply to Zephon's figures as to its own. A steered job (the loader's
+    ``mixing``) whose checkpoint can fall on a step it does not log is refused here (``metrics.save_clock``),
+    before the loader is built: TorchTitan hands the processor the whole job config (``config_dict``).
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -189,6 +198,8 @@ class ZephonMetricsProcessor(MetricsLogging, MetricsProcessor):
         pass
 
     def __init__(self, config: MetricsProcessor.Config, **kwargs: Any) -> None:
+        clock = save_clock(kwargs.get("config_dict") or {})
+        refuse(unlogged_saves(clock) if clock is not None else [], rank=launched_rank())
         super().__init__(config, **kwargs)
         self.zephon = TrainingMetrics()
 

@@ -69,3 +69,50 @@ def test_a_logged_iteration_steers_and_the_checkpoint_holds_the_journal(tmp_path
     finally:
         loader.close()
         resumed.close()
+
+
+def _args(**kw):
+    """Megatron's parsed arguments of a steered run that saves (megatron-core 0.19's defaults otherwise)."""
+    from argparse import Namespace
+
+    base = dict(data_parallel_size=2, micro_batch_size=2, global_batch_size=8, save="ckpt", dataloader_save="dl",
+                zephon_mixing=True, log_interval=10, save_interval=20, non_persistent_save_interval=None,
+                exit_interval=None, train_iters=100, train_samples=None, phase_transition_iterations=None,
+                create_attention_mask_in_dataloader=False)
+    return Namespace(**{**base, **kw})
+
+
+def _refusals(args, batch_steps=()):
+    from zephon_megatron.validate import RunShape, problems
+
+    return [p for p in problems(RunShape.from_args(args, canonical_replicas=2, batch_steps=batch_steps))
+            if "does not log" in p]
+
+
+def test_a_steered_run_whose_checkpoint_falls_on_an_iteration_it_does_not_log_is_refused_in_one_line():
+    from zephon_megatron.validate import RunShape, check
+
+    assert _refusals(_args()) == []
+    with pytest.raises(ZephonMegatronError, match=r"^zephon: --save-interval = 25 saves a checkpoint at iteration 25, "
+                                                  r"which --log-interval = 10 does not log: .*; set --save-interval to "
+                                                  r"a multiple of --log-interval \(e.g. 30\)$"):
+        check(RunShape.from_args(_args(save_interval=25), canonical_replicas=2))
+    (end,) = _refusals(_args(train_iters=95))
+    assert end.startswith("--train-iters = 95, at the end of training, saves a checkpoint at iteration 95")
+    assert end.endswith("set --train-iters so that training ends at a multiple of --log-interval "
+                        "(e.g. 100 iterations)")
+    (samples,) = _refusals(_args(train_iters=95, train_samples=760))
+    assert samples.startswith("--train-samples = 760 (95 iterations), at the end of training, saves")
+    for flag, kw in (("--non-persistent-save-interval = 5", dict(non_persistent_save_interval=5)),
+                     ("--exit-interval = 15", dict(exit_interval=15)),
+                     ("--phase-transition-iterations 45", dict(phase_transition_iterations=[40, 45]))):
+        (line,) = _refusals(_args(**kw))
+        assert line.startswith(flag), line
+    # A batch-size schedule saves before the step whose global batch grows: after iterations 5 and 30 here.
+    (ramp,) = _refusals(_args(rampup_batch_size=["4", "4", "16"]), batch_steps=((1, 5, 4), (6, 30, 8), (31, 100, 16)))
+    assert ramp.startswith("--rampup-batch-size, whose global batch changes after it, saves a checkpoint at "
+                           "iteration 5,")
+    assert ramp.endswith("set --log-interval to a divisor of every such iteration (e.g. 5)")
+    assert _refusals(_args(log_interval=5), batch_steps=((1, 5, 4), (6, 30, 8), (31, 100, 16))) == []
+    for off in (_args(save_interval=25, zephon_mixing=False), _args(save_interval=25, save=None, dataloader_save=None)):
+        assert _refusals(off) == [], "nothing steered, or no checkpoint: nothing to lose"

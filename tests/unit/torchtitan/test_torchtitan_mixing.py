@@ -99,3 +99,40 @@ def test_a_recipes_skip_holds_across_a_decision(tok, tmp_path):
         after.append([next(it)[1].tolist() for _ in range(8 if r == recipe else 4)])
         assert len(loader._stream.mixing.journal.decisions) == 1
     assert after[1] == after[0][4:]
+
+
+def _job(interval=10, log_freq=1, steps=10, model_only=False, enable=True, mixing=True):
+    """``llama3_debugmodel_zephon``'s config dict as TorchTitan hands it to the metrics processor."""
+    from dataclasses import replace
+
+    from zephon_torchtitan.config_registry import llama3_debugmodel_zephon
+
+    cfg = llama3_debugmodel_zephon()
+    cfg.dataloader.mixing = cfg.dataloader.source_loss = mixing
+    cfg.checkpoint = replace(cfg.checkpoint, enable=enable, interval=interval, last_save_model_only=model_only)
+    cfg.metrics = replace(cfg.metrics, log_freq=log_freq)
+    cfg.training = replace(cfg.training, steps=steps)
+    return cfg
+
+
+def test_a_steered_job_whose_checkpoint_falls_on_a_step_it_does_not_log_is_refused_in_one_line():
+    from zephon_core.integration import unlogged_saves
+    from zephon_torchtitan.metrics import save_clock
+    from zephon_torchtitan.tt03 import ZephonMetricsProcessor
+
+    cfg = _job(interval=15, log_freq=10, steps=40)
+    with pytest.raises(IntegrationError, match=r"^zephon: checkpoint.interval = 15 saves a checkpoint at step 15, "
+                                              r"which metrics.log_freq = 10 does not log: .*; set checkpoint.interval "
+                                              r"to a multiple of metrics.log_freq \(e.g. 20\)$"):
+        ZephonMetricsProcessor(cfg.metrics, parallel_dims=None, config_dict=cfg.to_dict())
+    (last,) = unlogged_saves(save_clock(_job(interval=10, log_freq=10, steps=25).to_dict()))
+    assert last.startswith("training.steps = 25 (the last step, checkpoint.last_save_model_only = false) saves a "
+                           "checkpoint at step 25")
+    assert last.endswith("set training.steps to a multiple of metrics.log_freq (e.g. 30), or "
+                         "checkpoint.last_save_model_only = true")
+    # Step 1 is logged (TorchTitan logs it whatever log_freq): a one-step run's last checkpoint is exact.
+    for fine in (_job(interval=20, log_freq=10, steps=40), _job(interval=10, log_freq=10, steps=25, model_only=True),
+                 _job(interval=10, log_freq=10, steps=1), _job(interval=15, log_freq=10, steps=14, model_only=True)):
+        assert unlogged_saves(save_clock(fine.to_dict())) == []
+    for off in (_job(interval=15, log_freq=10, enable=False), _job(interval=15, log_freq=10, mixing=False)):
+        assert save_clock(off.to_dict()) is None, "no checkpoint, or nothing steered: nothing to lose"
