@@ -51,7 +51,6 @@ class Pipeline:
         self._ops = _ops
         self._opts = _options or Options()
         self._identity = resolve_identity(self._opts)
-        self._restored: dict[int, LaneState] | None = None
         self._restored_all: dict[int, LaneState] | None = None  # every lane of the restored state
         self.surgery = Journal()  # steps skipped: from the restored state and skip_steps()
         self.clock: Clock | None = None  # a steered run's controller clock, kept in its states (MixingLoader sets it)
@@ -158,7 +157,7 @@ class Pipeline:
             if self._engine is None:
                 ident = self._identity
                 self._engine = Engine(self._chain(), self.work_source, ident.lanes, ident.canonical_replicas,
-                                      self._opts, self._restored or {}, self.surgery.skipper(),
+                                      self._opts, self._restored(), self.surgery.skipper(),
                                       lane_quarantines(self.surgery, self.work_source, ident.lanes))
             return self._engine
 
@@ -206,8 +205,13 @@ class Pipeline:
     def _lane_states(self, copy: bool = True) -> dict[int, LaneState]:
         if self._engine is not None:
             return self._engine.lane_states(copy)
-        restored = self._restored or {}
+        restored = self._restored()
         return {lane: restored.get(lane, LaneState(Cursor.start(), 0)) for lane in self._identity.lanes}
+
+    def _restored(self) -> dict[int, LaneState]:
+        """This group's lanes of the restored state (none before a restore)."""
+        everyone = self._restored_all or {}
+        return {lane: everyone[lane] for lane in self._identity.lanes if lane in everyone}
 
     def local_state(self) -> dict[str, Any]:
         """This pipeline's own lanes, without coordinating with other ranks."""
@@ -332,7 +336,6 @@ class Pipeline:
         verify_checksum(state)
         _warn_if_uneven(ident, stacklevel=3)  # the adopted canonical_replicas may not divide this dp_degree
         self._identity = ident
-        self._restored = {lane: lanes[lane] for lane in ident.lanes}
         self._restored_all = lanes
         self.surgery = journal_of(state).union(self.surgery)
         self.clock = clock_of(state)
