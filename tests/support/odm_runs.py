@@ -74,11 +74,13 @@ def check_odm_resume(mixing: Mixing, clock: Clock | None, at_checkpoint: Journal
         proposal = ctrl.propose(inputs)
         assert proposal is not None
         weights = quantize(bounded(shares, proposal, mixing.min_share, mixing.max_change))
-        assert dict(zip(NAMES, weights)) == d.weights, (d.step, weights, d.weights)
+        # The journal keeps each mean loss to 6 significant digits: recomputed from them, a share on a rounding
+        # edge of 1/10,000 may come out one unit off; the run's own weights go on from there.
+        assert all(abs(w - d.weights[n]) <= 1 for n, w in zip(NAMES, weights)), (d.step, weights, d.weights)
         offline = ctrl.state()
         assert offline["t"] == d.state["t"] and offline["eps_prev"] == d.state["eps_prev"]
         assert offline["rewards"] == pytest.approx(d.state["rewards"], rel=1e-5), (d.step, offline, d.state)
-        shares, asked, state = tuple(w / DENOMINATOR for w in weights), d.step, d.state
+        shares, asked, state = tuple(d.weights[n] / DENOMINATOR for n in NAMES), d.step, d.state
     return [d.step for d in made]
 
 
