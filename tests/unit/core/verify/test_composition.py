@@ -313,3 +313,43 @@ def test_every_operation_together_is_the_uninterrupted_run_and_every_reader_agre
                       (b.lane, b.lane_index, b.digest)))
         assert max(records) == steps_with_skips
         assert {s: sorted(v) for s, v in records.items()} == {s: sorted(v) for s, v in samples.items()}
+
+
+def test_the_readers_refuse_what_is_not_this_runs_history(tmp_path):
+    """The same drawn run's readers, given another run's logs, a torn log or a hand-edited state: each refuses in
+    one line naming the file (issue #40 items 3, 5 and 8), where before each answered from it with exit 0."""
+    from zephon_core.errors import DataError, StateError
+    from zephon_core.integration.state_readers import load_checked_state
+
+    def drawn(chunk: int, where: Any) -> tuple[dict[str, Any], list[str]]:
+        draw = Draw(True, 1, chunk, [("run", 2, 3), ("detour", 4, 2), ("run", 1, 3)],
+                    [{}, {"skip": (0, 0), "quarantine": 3}, {}])
+        where.mkdir()
+        _, _, state, paths, _ = run_drawn(draw, where)
+        return state, paths
+
+    state, paths = drawn(4, tmp_path / "ours")
+    _, theirs = drawn(6, tmp_path / "theirs")
+    run = run_fingerprint(state["definition"])
+    assert read_run_logs(paths, run).logged  # ours read as one timeline, the detour's lines among them
+    with pytest.raises(DataError, match=f"{theirs[0]} line 1: a line of run .*, not of the state's run"):
+        read_run_logs(theirs, run)
+    torn = tmp_path / "torn.log"
+    text = open(paths[0]).read()
+    torn.write_text(text[: text.rindex(",", 0, len(text) - 1)])  # the last line cut inside its rows
+    with pytest.raises(DataError, match=f"{torn} line {text.count(chr(10))}"):
+        read_run_logs([str(torn)], run)
+    lines = text.splitlines(keepends=True)  # a whole line whose last row stretch is gone (and its crc with it)
+    last = lines[-1].split(" ")
+    lines[-1] = " ".join([*last[:6], last[6].rsplit("/", 1)[0] if "/" in last[6] else last[6].rsplit(",", 1)[0],
+                          *last[7:]])
+    torn.write_text("".join(lines))
+    with pytest.raises(DataError, match=f"{torn} line {len(lines)}"):
+        read_run_logs([str(torn)], run)
+    edited = json.loads(json.dumps(state))
+    edited["lanes"]["0"]["delivered"] += 1
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    with pytest.raises(StateError, match="edited.json: state field checksum does not match"):
+        load_checked_state(str(tmp_path / "edited.json"))
+    with pytest.raises(StateError, match="checksum"):
+        build_ledger(lambda: Run(Draw(True, 1, 4, [], [])).plain(1, 0), edited, C)
