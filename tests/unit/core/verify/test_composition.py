@@ -109,7 +109,9 @@ class Run:
 
     def make(self, G: int, gid: int) -> Any:
         p = self.plain(G, gid)
-        return MixingLoader(p, Mixing(Leaning(), interval_steps=2, min_share=0.1, max_change=0.3)) if self.draw.steered else p
+        if not self.draw.steered:
+            return p
+        return MixingLoader(p, Mixing(Leaning(), interval_steps=2, min_share=0.1, max_change=0.3))
 
     def on_batch(self, gid: int, b: Any) -> None:
         for _, source, _, x, y in b.segments.tolist():
