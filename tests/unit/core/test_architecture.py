@@ -43,7 +43,8 @@ def test_layers_import_only_downwards_and_never_an_adapter_or_torch():
             continue
         for imp in imports(tree):
             top = imp.split(".")[0]
-            if top in ("torch", "torchtitan", "megatron", "zephon_torchtitan", "zephon_megatron"):
+            if top in ("torch", "torchtitan", "megatron", "torchft", "zephon_torchtitan", "zephon_megatron",
+                       "zephon_torchft", "zephon_dev"):
                 bad.append(f"{name} imports {imp}")
             if top == "zephon_core" and imp != "zephon_core" and imp.count(".") >= 1 and layer(imp) in RANK:
                 if RANK[layer(imp)] > RANK[layer(name)]:
