@@ -14,8 +14,9 @@ Three ways in:
 * ``shared_s3_server(comm)``: the MPI variant: rank 0 owns the server, every
   rank gets the same endpoint through ``comm.bcast``.
 
-Running ``python zephon_dev/s3_server.py`` serves until stdin closes and prints the
-endpoint URL as its first stdout line; the ``mode="process"`` server uses that.
+Running ``python -m zephon_dev.s3_server --serve`` (from the repository root) serves until
+stdin closes and prints the endpoint URL as its first stdout line; the ``mode="process"``
+server uses that.
 
 Don't mix the in-thread server with ``moto.mock_aws`` in the same process:
 both use moto's process-global backends. Use ``mode="process"`` there.
@@ -176,11 +177,15 @@ class S3Server:
         return f"http://{host}:{port}"
 
     def _start_process(self) -> str:
+        # As a module, with the folder that holds zephon_dev first on the child's path: it imports its siblings.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         self._proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--serve", str(self.latency_s)],
+            [sys.executable, "-m", "zephon_dev.s3_server", "--serve", str(self.latency_s)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
         )
         line = _readline_with_timeout(self._proc, self.start_timeout)
         if not line.startswith("http://"):
