@@ -283,7 +283,7 @@ def test_refuses_malformed_states_naming_the_field(name, mutate, field):
     with pytest.raises(StateError) as e:
         p.restore(state)
     assert field in str(e.value)
-    assert p._restored is None  # nothing half-applied
+    assert p._restored_all is None  # nothing half-applied
 
 
 def test_refuses_non_dict_state():
