@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import collections
-import random
 from typing import Any, NoReturn
 
 from zephon_core.checkpoint import account
 from zephon_core.checkpoint.account import PartsMissing, describe, examine, span_label
-from zephon_core.checkpoint.gather import Gatherer, Member, PartWaits, RoundReplaced, Steps, leaf, now, pause
+from zephon_core.checkpoint.gather import JITTER, Gatherer, Member, PartWaits, RoundReplaced, Steps, leaf, now, pause
 from zephon_core.checkpoint.names import ROUND_FILE, merged_file, part_file
 from zephon_core.checkpoint.records import Merged, Moved, Round, decode_merged, decode_round, encode_part
 from zephon_core.checkpoint.tree import Writers
@@ -109,7 +108,7 @@ class FollowerRound:
         delay = d.pacing.again_s
         # The leader opens the round when it calls, as this rank does: a look at once would mostly come too early;
         # one that misses it means the leader calls late, by an unknown amount: twice as long each time.
-        yield pause(d.pacing.again_s) + random.uniform(0.0, self.me.world_size / d.pacing.follow_budget)
+        yield pause(d.pacing.again_s) + JITTER.uniform(0.0, self.me.world_size / d.pacing.follow_budget)
         while True:
             rf = decode_round(d.get(ROUND_FILE), self.me.world_size)
             if rf is not None and rf.open:  # a closed one is an earlier launch's (this launch's first round needs this rank)
@@ -174,7 +173,7 @@ class FollowerRound:
             before = self.took_before if rnd.writers.stride is None else None
             due = min(Expectation.first_guess(self.me, rnd.writers, self.write_s) if before is None else before, self.me.timeout_s / 4)
         delay, growth = max(d.pacing.again_s, due, spread), 2.0
-        yield max(0.0, due - (now() - self.called)) + random.uniform(0.0, spread)
+        yield max(0.0, due - (now() - self.called)) + JITTER.uniform(0.0, spread)
         while True:
             look = now()
             data = d.get(name)

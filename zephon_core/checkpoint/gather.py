@@ -19,6 +19,13 @@ from zephon_core.lane.assignment import owned_lanes
 
 T = TypeVar("T")
 
+#: The jitter's own generator. The process-wide ``random`` belongs to the training: Megatron saves its
+#: state in every checkpoint (``rng_state``) and restores it on resume, so draws from it here, whose
+#: number depends on timing and on the rank's role in a round, would change the training's Python
+#: stream and make peers' checkpoints differ (issue #42: two context-parallel peers writing one
+#: ``model_optim_rng.pt`` of different lengths left a torn archive).
+JITTER = random.Random()
+
 #: A rank's part in a round, step by step: it yields the seconds to pause before its next step and
 #: returns its result. ``Aggregator.checkpoint`` sleeps through the pauses; a simulation of many ranks
 #: can run them as tasks of one event loop (bench/goals/p4s_scale/aggregate_scale.py).
@@ -31,7 +38,7 @@ def now() -> float:
 
 def pause(seconds: float) -> float:
     """A pause, jittered so that ranks that started together do not look at the same instant."""
-    return max(0.0, seconds) * random.uniform(0.85, 1.15)
+    return max(0.0, seconds) * JITTER.uniform(0.85, 1.15)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -57,6 +58,17 @@ def test_consecutive_rounds_of_one_launch(tmp_path):
     for k in (1, 2, 3):
         states = checkpoint_all(pipelines, batches=1)
         assert states[0] == states[1] and all(v["delivered"] == k for v in states[0]["lanes"].values())
+
+
+def test_a_round_leaves_the_process_python_random_stream_alone(tmp_path):
+    # The training owns the process-wide ``random``: Megatron checkpoints its state and restores it on
+    # resume. Draws here (jittered pauses, as many as a rank's timing and role need) made two
+    # context-parallel peers' checkpoints differ in length, and their shared model_optim_rng.pt torn (#42).
+    random.seed(42)
+    before = random.getstate()
+    states = checkpoint_all([make(r, str(tmp_path)) for r in range(2)], batches=2)
+    assert all(isinstance(s, dict) for s in states), states
+    assert random.getstate() == before
 
 
 def test_leader_names_a_rank_that_never_comes(tmp_path):
