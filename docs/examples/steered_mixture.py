@@ -8,14 +8,14 @@ Run with: python docs/examples/steered_mixture.py
 """
 
 import json
-from collections import Counter
+
+from common import steer
 
 from zephon_core.curriculum.controllers import OdmController
-from zephon_core.pipeline.mixing import LocalFigures, Mixing, MixingLoader
+from zephon_core.pipeline.mixing import Mixing, MixingLoader
 from zephon_core.recipe import load_recipe
 
 recipe = load_recipe("configs/data/curriculum_main.toml")  # 8 lanes, batches of 2 rows of 129 tokens
-NAMES = ["examples", "reference", "prose"]
 LOSS = {"examples": 2.0, "reference": 3.0, "prose": 2.5}  # the stand-in: prose and reference are "harder"
 
 
@@ -25,23 +25,8 @@ def loader():
 
 
 def train(run, first, last, decisions):
-    """Steps ``first..last`` of 8 batches (one per lane); what each step trained on, as batch digests."""
-    digests = []
-    for step in range(first, last + 1):
-        tokens = Counter()
-        for _ in range(8):
-            batch = next(run)
-            digests.append(batch.digest)
-            for _, source, _, start, stop in batch.segments.tolist():
-                tokens[source] += stop - start
-        counts = [tokens[s] for s in range(3)]
-        run.record_loss([n * LOSS[name] / (1 + step / 100) for n, name in zip(counts, NAMES)], counts)
-        if run.due(step):
-            figures = LocalFigures.reduced([run.local_figures()])  # with G groups: all G groups' figures
-            decision = run.decide(step, figures)
-            if decision is not None:
-                decisions.append(decision)
-    return digests
+    """Steps ``first..last`` of 8 batches (one per lane), the losses falling as the run goes on: batch digests."""
+    return steer(run, first, last, lambda name, n, step: n * LOSS[name] / (1 + step / 100), decisions)
 
 
 decisions = []

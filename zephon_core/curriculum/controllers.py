@@ -12,7 +12,9 @@ controller rather than a fresh one.
 
 Controllers here: ``IdentityController`` (fixed weights), ``ScheduleController``
 (step -> weights from a file) and ``OdmController`` (the EXP3 bandit of online
-data mixing, Albalak et al. 2023). ``controller_from`` builds one from recipe keys.
+data mixing, Albalak et al. 2023). Each declares its own recipe keys (``keys``) and
+builds itself from them (``from_args``, given ``ControllerArgs``); ``controller_registry``
+registers them by name, as it does a user's own, and builds one from a ``[mixing]`` table.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from zephon_core.curriculum.journal import digest_of, rounded
 from zephon_core.errors import ConfigError
@@ -61,6 +63,38 @@ class MixingInputs:
         return digest_of({"step": self.step, "names": list(self.names), "loss_sum": [float(x) for x in self.loss_sum],
                           "loss_tokens": list(self.loss_tokens), "delivered_tokens": list(self.delivered_tokens),
                           "weights": list(self.weights)})
+
+
+@dataclass(frozen=True)
+class ControllerArgs:
+    """A controller's own keys of a ``[mixing]`` table (those it declared, as given), for its factory.
+
+    ``where`` is the table's name in messages (``mixing``); ``base`` the folder relative paths are read from
+    (the recipe's; None: the working directory).
+    """
+
+    keys: Mapping[str, Any]
+    where: str = "mixing"
+    base: Path | None = None
+
+    def error(self, key: str, message: str) -> ConfigError:
+        """The one-line refusal of the key ``key``: ``mixing.KEY: message``."""
+        return ConfigError(f"{self.where}.{key}: {message}")
+
+    def path(self, key: str) -> Path:
+        """The key ``key`` as a path (a string, relative to ``base``)."""
+        value = self.keys.get(key)
+        if not isinstance(value, str):
+            raise self.error(key, f"must be the path of a file, got {value!r}")
+        path = Path(value)
+        return path if path.is_absolute() or self.base is None else self.base / path
+
+    def number(self, key: str, default: float) -> float:
+        """The key ``key`` as a finite number (``default`` when not given); bools and strings are refused."""
+        value = self.keys.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.error(key, f"must be a finite number, got {value!r}")
+        return float(value)
 
 
 class MixingController(Protocol):
@@ -104,9 +138,19 @@ class IdentityController:
     recipe's weights (a run that journals nothing, for comparison)."""
 
     name = "identity"
+    keys: ClassVar[tuple[str, ...]] = ("weights",)
 
     def __init__(self, weights: Mapping[str, float] | None = None) -> None:
         self.weights = dict(weights) if weights is not None else None
+
+    @classmethod
+    def from_args(cls, args: ControllerArgs) -> IdentityController:
+        """From ``weights`` (a table of source = weight; not given: the recipe's weights)."""
+        weights = args.keys.get("weights")
+        if weights is not None and not isinstance(weights, Mapping):
+            raise args.error("weights", f"must be a table of source = weight, e.g. {{ web = 0.7, code = 0.3 }}, "
+                                        f"got {weights!r}")
+        return cls(weights)
 
     def params(self) -> dict[str, Any]:
         return {"weights": self.weights}
@@ -129,6 +173,7 @@ class ScheduleController:
     """
 
     name = "schedule"
+    keys: ClassVar[tuple[str, ...]] = ("schedule",)
 
     def __init__(self, entries: Sequence[tuple[int, Mapping[str, float]]], path: str | None = None) -> None:
         # Sorted by step alone, stably: of entries at the same step, the later one holds.
@@ -147,6 +192,13 @@ class ScheduleController:
             raise ConfigError(f"mixing schedule {path}: needs [[decisions]] tables of step and weights, e.g. "
                               "step = 100 and weights = { web = 0.7, code = 0.3 }")
         return cls([(r["step"], r["weights"]) for r in rows], str(path))
+
+    @classmethod
+    def from_args(cls, args: ControllerArgs) -> ScheduleController:
+        """From ``schedule``: a TOML file of ``[[decisions]]`` (``from_file``), relative to the recipe."""
+        if "schedule" not in args.keys:
+            raise args.error("schedule", "controller 'schedule' needs the path of a schedule file")
+        return cls.from_file(args.path("schedule"))
 
     def params(self) -> dict[str, Any]:
         return {"path": self.path, "entries": [[s, w] for s, w in self.entries]}
@@ -178,6 +230,7 @@ class OdmController:
     """
 
     name = "odm"
+    keys: ClassVar[tuple[str, ...]] = ("alpha",)
 
     def __init__(self, alpha: float = 0.9) -> None:
         if not 0 <= alpha < 1:
@@ -186,6 +239,11 @@ class OdmController:
         self.t = 0
         self.rewards: list[float] = []
         self.eps_prev: float | None = None
+
+    @classmethod
+    def from_args(cls, args: ControllerArgs) -> OdmController:
+        """From ``alpha`` (reward smoothing, in [0, 1); default 0.9)."""
+        return cls(args.number("alpha", 0.9))
 
     def params(self) -> dict[str, Any]:
         return {"alpha": self.alpha}
@@ -225,26 +283,3 @@ def _by_name(weights: Mapping[str, float], names: Sequence[str], what: str) -> l
         raise ConfigError(f"{what}: weights must be finite, >= 0 and not all 0, got {dict(weights)}")
     return out
 
-
-CONTROLLERS = ("identity", "schedule", "odm")
-
-
-def controller_from(table: Mapping[str, Any], where: str = "mixing", base: Path | None = None) -> MixingController:
-    """A controller from recipe keys: ``controller`` (identity, schedule, odm) and its own keys
-    (identity: ``weights``; schedule: ``schedule``, a file relative to ``base``; odm: ``alpha``)."""
-    kind = table.get("controller", "identity")
-    own = {"identity": {"weights"}, "schedule": {"schedule"}, "odm": {"alpha"}}
-    if kind not in own:
-        raise ConfigError(f"{where}.controller must be one of {', '.join(CONTROLLERS)}, got {kind!r}")
-    others = {k for o in own.values() for k in o} - own[kind]
-    given = sorted(others & set(table))
-    if given:
-        raise ConfigError(f"{where}.{given[0]} is not a key of controller {kind!r}; remove it")
-    if kind == "identity":
-        return IdentityController(table.get("weights"))
-    if kind == "odm":
-        return OdmController(float(table.get("alpha", 0.9)))
-    if not isinstance(table.get("schedule"), str):
-        raise ConfigError(f"{where}.schedule: controller 'schedule' needs the path of a schedule file")
-    path = Path(table["schedule"])
-    return ScheduleController.from_file(path if path.is_absolute() or base is None else base / path)

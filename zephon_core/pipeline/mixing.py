@@ -31,7 +31,8 @@ from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import fingerprint_of
 from zephon_core.checkpoint.steering import Clock, clock_of
 from zephon_core.checkpoint.surgery import journal_of
-from zephon_core.curriculum.controllers import MixingController, MixingInputs, bounded, controller_from
+from zephon_core.curriculum.controller_registry import controller_from, naming
+from zephon_core.curriculum.controllers import MixingController, MixingInputs, bounded
 from zephon_core.curriculum.definition import parse_definition
 from zephon_core.curriculum.journal import DENOMINATOR, Decision, Journal, quantize
 from zephon_core.curriculum.steered import with_journal
@@ -43,16 +44,14 @@ from zephon_core.lane.ops import TokenizeOp
 from zephon_core.pipeline.builder import Pipeline
 from zephon_core.validation import require_choice, require_int
 
-_KEYS = {"controller", "interval_steps", "interval_tokens", "min_share", "max_change", "margin_chunks", "weight_by",
-         "weights", "schedule", "alpha"}
-
 
 @dataclass(frozen=True)
 class Mixing:
     """How a run steers its mixture.
 
     Args:
-        controller: proposes the weights (``IdentityController``, ``ScheduleController``, ``OdmController``).
+        controller: proposes the weights (``IdentityController``, ``ScheduleController``, ``OdmController``, or one
+            of your own: ``curriculum.controller_registry``).
         interval_steps, interval_tokens: a decision every so many optimizer steps, or every so many
             trained (loss) tokens; exactly one.
         min_share: the least share any source gets (0: a source may be left out).
@@ -86,16 +85,15 @@ class Mixing:
     @classmethod
     def from_table(cls, table: Mapping[str, Any], where: str = "mixing", base: Path | None = None,
                    token_counter: TokenCounter | None = None) -> Mixing:
-        """``Mixing`` from recipe keys (a ``[mixing]`` table; paths relative to ``base``)."""
-        unknown = sorted(set(table) - _KEYS)
-        if unknown:
-            raise ConfigError(f"{where}.{unknown[0]} is not a mixing key; keys are {', '.join(sorted(_KEYS))}")
+        """``Mixing`` from recipe keys (a ``[mixing]`` table; paths relative to ``base``): the common keys
+        (``controller_registry.COMMON_KEYS``) and the chosen controller's own (``controller_from`` checks them)."""
+        controller = controller_from(table, where, base)
         plain = ("interval_steps", "interval_tokens", "margin_chunks", "weight_by")
         settings = {k: table[k] for k in plain if k in table}
         for k in ("min_share", "max_change"):
             if k in table:
                 settings[k] = float(table[k])
-        return cls(controller_from(table, where, base), token_counter=token_counter, **settings)
+        return cls(controller, token_counter=token_counter, **settings)
 
 
 @dataclass(frozen=True)
@@ -223,11 +221,14 @@ class MixingLoader:
     def restore(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state`` on any data-parallel degree: its journal is replayed, not decided again, and the
         controller continues from the state's steering clock (a state written before clocks were kept: from the
-        state journaled with the last decision it made, counting the interval from that decision)."""
+        state journaled with the last decision it made, counting the interval from that decision).
+
+        The state names its controller; this run's, built from the recipe, must have that name. A name read from
+        a state is compared, never resolved: restoring imports nothing."""
         clock = clock_of(state)
         if clock is not None and clock.controller != self.mixing.controller.name:
             raise ConfigError(f"the checkpoint was steered by controller {clock.controller!r}, this run's [mixing] "
-                              f"names {self.mixing.controller.name!r}; set controller = {clock.controller!r}")
+                              f"names {self.mixing.controller.name!r}; {naming(clock.controller)}")
         if clock is not None and len(clock.loss_sum) != len(self.names):
             raise ConfigError(f"the checkpoint's steering clock has {len(clock.loss_sum)} sources' losses, this "
                               f"mixture has {len(self.names)} ({', '.join(self.names)}); use the run's recipe")

@@ -50,7 +50,8 @@ A ``[surgery]`` table leaves data out from where the run resumes (``docs/when_a_
 A ``[mixing]`` table steers the mixture by the run's losses (``docs/mixing.md``):
 
     [mixing]
-    controller = "odm"           # or "identity" (weights = {...}), "schedule" (schedule = "file.toml")
+    controller = "odm"           # or "identity" (weights = {...}), "schedule" (schedule = "file.toml"),
+                                 # or your own: "mypkg.mixing:MyController" (docs/controllers.md)
     interval_steps = 500         # or interval_tokens = ...
     min_share = 0.05
     max_change = 0.1
@@ -63,7 +64,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ from zephon_core.lane.tokenizer_file import load_tokenizer
 from zephon_core.pipeline import Pipeline
 from zephon_core.pipeline.mixing import Mixing
 from zephon_core.pipeline.surgery import SurgeryRequest
-from zephon_core.recipe.schema import RecipeSpec, SourceSpec, StageSpec
+from zephon_core.recipe.schema import MixingSpec, RecipeSpec, SourceSpec, StageSpec
 from zephon_core.sources import Source
 from zephon_core.sources.registry import FileSource, SourceArgs, in_recipe, source_format
 from zephon_core.validation import require_choice, require_int, require_positive_number
@@ -160,7 +161,9 @@ class Recipe:
         """The ``[mixing]`` table as ``Mixing`` (None without one): wrap the built pipeline in a ``MixingLoader``."""
         if self.spec.mixing is None:
             return None
-        table = {k: v for k, v in asdict(self.spec.mixing).items() if v is not None}
+        spec = asdict(self.spec.mixing)
+        table = {**{k: v for k, v in spec.items() if v is not None and k != "controller_keys"},
+                 **spec["controller_keys"]}
         try:
             return Mixing.from_table(table, "mixing", self._folder, token_counter)
         except ConfigError as e:
@@ -301,6 +304,17 @@ def _check_stage_layout(path: str, raw: dict[str, Any]) -> None:
             raise ConfigError(f"{path}: sources[{n}].weight: with [[stages]], weights are given per stage (stages[i].weights); remove it")
 
 
+def _controller_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with the keys of its ``[mixing]`` table that are not the common ones moved into ``controller_keys``:
+    the chosen controller declares and checks them (``Recipe.mixing``), the schema cannot."""
+    table = raw.get("mixing")
+    if not isinstance(table, dict):
+        return raw
+    common = {f.name for f in fields(MixingSpec)} - {"controller_keys"}
+    own = {k: v for k, v in table.items() if k not in common}
+    return {**raw, "mixing": {**{k: v for k, v in table.items() if k in common}, "controller_keys": own}}
+
+
 def load_recipe(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Recipe:
     """Read and validate a TOML recipe (``overrides`` are merged over the file)."""
     from omegaconf import OmegaConf
@@ -330,6 +344,7 @@ def load_recipe(path: str | os.PathLike[str], overrides: dict[str, Any] | None =
             except OmegaConfBaseException as e:
                 raise fail(e, f"{key}[{n}].") from None
     _check_stage_layout(path, raw)
+    raw, overrides = _controller_keys(raw), _controller_keys(overrides or {})
     try:
         schema = OmegaConf.structured(RecipeSpec)
         merged = OmegaConf.merge(schema, OmegaConf.create(raw), OmegaConf.create(overrides or {}))

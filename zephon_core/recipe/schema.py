@@ -4,7 +4,7 @@ naming the key). Behaviour lives in ``zephon_core.recipe``; these say only what 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from zephon_core.sources.registry import DEFAULT_FORMAT
 
@@ -61,18 +61,20 @@ class StageSpec:
 
 @dataclass
 class MixingSpec:
-    """``[mixing]``: a mixture the run steers by its losses (``pipeline.mixing.Mixing.from_table``)."""
+    """``[mixing]``: a mixture the run steers by its losses (``pipeline.mixing.Mixing.from_table``).
 
-    controller: str = "identity"
+    The keys every controller shares (``curriculum.controller_registry.COMMON_KEYS``); the table's other keys
+    are the chosen controller's own, which it declares and checks itself: ``load_recipe`` moves them into
+    ``controller_keys`` (not a key a recipe writes)."""
+
+    controller: str = "identity"  # a registered name, an entry point's, or a "module:Class" path
     interval_steps: Optional[int] = None
     interval_tokens: Optional[int] = None
     min_share: float = 0.0
     max_change: float = 1.0
     margin_chunks: int = 0
     weight_by: str = "tokens"
-    weights: Optional[dict[str, float]] = None  # identity
-    schedule: Optional[str] = None  # schedule: a TOML file of [[decisions]], relative to the recipe
-    alpha: Optional[float] = None  # odm
+    controller_keys: dict[str, Any] = field(default_factory=dict)  # identity: weights; schedule: schedule; odm: alpha
 
 
 @dataclass

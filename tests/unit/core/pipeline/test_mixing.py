@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 
 from zephon_core import MemorySource, Pipeline, StateError, StaticMixture
 from zephon_core.checkpoint.merge import merge_states
+from zephon_core.curriculum.controller_registry import controller_from
 from zephon_core.curriculum.controllers import (
     IdentityController,
     MixingInputs,
     OdmController,
     ScheduleController,
     bounded,
-    controller_from,
 )
 from zephon_core.curriculum.definition import parse_definition
 from zephon_core.curriculum.journal import DENOMINATOR, Decision, Journal, parse_journal, quantize
