@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from zephon_core.checkpoint.steering import Clock
-from zephon_core.checkpoint.surgery import Journal as SurgeryJournal
-from zephon_core.checkpoint.surgery import journal_of as surgery_of
+from zephon_core.checkpoint.surgery import SurgeryJournal, surgery_journal_of
 from zephon_core.curriculum.controllers import MixingInputs, bounded
 from zephon_core.curriculum.journal import DENOMINATOR, Journal, quantize
 from zephon_core.pipeline.builder import Pipeline
@@ -101,7 +100,7 @@ def replayed(make: Callable[[], Pipeline], state: Mapping[str, Any], batches: in
     p = replay(make(), state)
     if restore:
         p.restore(state)
-    p.surgery = surgery_of(state) if surgery is None else surgery
+    p.surgery = surgery_journal_of(state) if surgery is None else surgery
     out = Replayed({}, {})
     with p:
         for _, b in zip(range(batches), p):

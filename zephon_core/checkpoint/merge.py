@@ -7,7 +7,7 @@ from typing import Any
 
 from zephon_core.checkpoint.state import LaneState, make_state, parse_lanes, verify_checksum
 from zephon_core.checkpoint.steering import same_clock
-from zephon_core.checkpoint.surgery import journal_of as surgery_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.curriculum.journal import first_difference, journal_of
 from zephon_core.errors import StateError
 
@@ -40,7 +40,7 @@ def merge_parsed(
     Returns the merged state and its lanes (the aggregation merges level by level).
     """
     first = states[0]
-    surgery = surgery_of(first)
+    surgery = surgery_journal_of(first)
     merged: dict[int, LaneState] = {}
     owner: dict[int, int] = {}
     for n, (st, lanes) in enumerate(zip(states, lanes_of)):
@@ -49,7 +49,7 @@ def merge_parsed(
             raise StateError(f"{labels[n]} has a different data definition than {labels[0]}: {'; '.join(diff_definitions(first['definition'], st['definition'])[:3])}")
         if st["canonical_replicas"] != first["canonical_replicas"]:
             raise StateError(f"{labels[n]} has canonical_replicas={st['canonical_replicas']}, {labels[0]} has {first['canonical_replicas']}")
-        if surgery_of(st) != surgery:
+        if surgery_journal_of(st) != surgery:
             raise StateError(f"{labels[n]} has another surgery journal than {labels[0]} (steps skipped): "
                              "every rank must be told the same skip before the same step")
         for lane, ls in lanes.items():

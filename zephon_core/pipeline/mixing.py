@@ -30,7 +30,7 @@ from zephon_core.batch import Batch
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import fingerprint_of
 from zephon_core.checkpoint.steering import Clock, clock_of
-from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.curriculum.controllers import MixingController, MixingInputs, bounded, controller_from
 from zephon_core.curriculum.definition import parse_definition
 from zephon_core.curriculum.journal import DENOMINATOR, Decision, Journal, quantize
@@ -170,7 +170,7 @@ def with_history(pipeline: Pipeline, state: Mapping[str, Any], token_counter: To
         if not where:
             raise
         raise type(e)(f"{where}: {e}") from None
-    p.surgery = journal_of(state)
+    p.surgery = surgery_journal_of(state)
     return p
 
 
