@@ -33,7 +33,7 @@ from zephon_core.checkpoint.steering import Clock, clock_of
 from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.curriculum.controllers import MixingController, MixingInputs, bounded, controller_from
 from zephon_core.curriculum.definition import parse_definition
-from zephon_core.curriculum.journal import DENOMINATOR, Decision, Journal, quantize
+from zephon_core.curriculum.journal import DENOMINATOR, Decision, MixingJournal, quantize
 from zephon_core.curriculum.steered import with_journal
 from zephon_core.curriculum.token_index import DocumentTokens, TokenCounter
 from zephon_core.curriculum.work_source import WorkSource
@@ -191,7 +191,7 @@ class MixingLoader:
         self.mixing = mixing
         self._counter = mixing.token_counter or counter_of(pipeline)
         self._tokens: Sequence[DocumentTokens] | None = None
-        self.journal = Journal((), mixing.weight_by)
+        self.journal = MixingJournal((), mixing.weight_by)
         self._iter: Iterator[Batch] | None = None
         self._since_step = 0
         self._reset()
@@ -308,7 +308,7 @@ class MixingLoader:
         self.journal, self._iter = journal, None
         return decision
 
-    def _steered(self, journal: Journal) -> WorkSource:
+    def _steered(self, journal: MixingJournal) -> WorkSource:
         """The recipe's mixture with ``journal`` replayed; token counts are measured once a run."""
         ws = with_journal(self.base, journal, self._counter, self._tokens)
         schedule = getattr(ws, "schedule", None)
