@@ -8,7 +8,8 @@ from typing import Any
 from zephon_core.checkpoint.state import LaneState, make_state, parse_lanes, verify_checksum
 from zephon_core.checkpoint.steering import same_clock
 from zephon_core.checkpoint.surgery import surgery_journal_of
-from zephon_core.curriculum.journal import first_difference, journal_of
+from zephon_core.curriculum.definition import parse_definition
+from zephon_core.curriculum.journal import first_difference
 from zephon_core.errors import StateError
 
 
@@ -68,7 +69,7 @@ def merge_parsed(
 
 def _check_journal(leader: Mapping[str, Any], other: Mapping[str, Any], leader_label: str, label: str) -> None:
     """Refuse a state whose mixing journal differs from the leader's, naming the first differing decision."""
-    a, b = journal_of(leader), journal_of(other)
+    a, b = parse_definition(leader).journal, parse_definition(other).journal
     if a is None and b is None:
         return
     differs = first_difference(a, b)

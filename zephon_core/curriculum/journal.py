@@ -179,10 +179,3 @@ def parse_journal(value: Any, where: str = "definition.work_source.journal") -> 
                             {str(k): int(w) for k, w in weights.items()}, d["controller"], dict(d["params"]),
                             d["inputs"], dict(d["state"]), _figures(d["figures"], f"{at}.figures")))
     return MixingJournal(tuple(out), value["weight_by"])
-
-
-def journal_of(definition: Mapping[str, Any]) -> MixingJournal | None:
-    """The journal of a pipeline definition (``{"work_source": ..., "ops": ...}``), None when it has none."""
-    ws = definition.get("work_source") if isinstance(definition, Mapping) else None
-    raw = ws.get("journal") if isinstance(ws, Mapping) else None
-    return None if raw is None else parse_journal(raw)
