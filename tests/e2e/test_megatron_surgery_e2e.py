@@ -19,7 +19,7 @@ import pytest
 from harnesses import load
 from support.cli import zephon
 
-from zephon_core.checkpoint.surgery import Skip, journal_of
+from zephon_core.checkpoint.surgery import Skip, surgery_journal_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not __import__("importlib").util.find_spec("megatron"),
                                                   reason="megatron-core is not installed")]
@@ -68,7 +68,7 @@ def state_file(run: h.RunResult, iteration: int) -> str:
 def journal(run: h.RunResult, iteration: int):
     from zephon_megatron.state import read_loader_file
 
-    return journal_of(read_loader_file(state_file(run, iteration)).state)
+    return surgery_journal_of(read_loader_file(state_file(run, iteration)).state)
 
 
 def test_the_steps_after_the_skip_hold_what_the_uninterrupted_runs_steps_hold(runs):

@@ -28,9 +28,7 @@ from support.ledger_runs import ledger_both_ways
 from support.odm_runs import check_odm_resume, document_to_quarantine, odm_recipe, replayed, steps_holding
 
 from zephon_core.checkpoint.steering import clock_of
-from zephon_core.checkpoint.surgery import Journal as SurgeryJournal
-from zephon_core.checkpoint.surgery import Skip
-from zephon_core.checkpoint.surgery import journal_of as surgery_of
+from zephon_core.checkpoint.surgery import Skip, SurgeryJournal, surgery_journal_of
 from zephon_core.curriculum.definition import parse_definition
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not __import__("importlib").util.find_spec("megatron"),
@@ -101,7 +99,7 @@ def test_every_decision_after_the_resume_is_odms_own_from_the_steering_clock(run
 
 def test_every_loading_rank_of_both_stages_trains_on_the_replay_with_the_surgery(runs):
     h, make, _, document, (a, _), (b, final) = runs
-    journal = surgery_of(final)
+    journal = surgery_journal_of(final)
     assert journal.skips == (Skip(SKIPPED, SKIPPED, 1),) and [q.documents for q in journal.quarantines] == [(document,)]
     step_of = h.lane_index_to_step([h.GBS // h.MBS], h.C)
     want = replayed(make, final, (STEPS - 1) * h.C, step_of)

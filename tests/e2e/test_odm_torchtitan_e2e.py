@@ -25,9 +25,7 @@ from support.ledger_runs import ledger_both_ways
 from support.odm_runs import check_odm_resume, document_to_quarantine, odm_recipe, replayed, steps_holding
 
 from zephon_core.checkpoint.steering import clock_of
-from zephon_core.checkpoint.surgery import Journal as SurgeryJournal
-from zephon_core.checkpoint.surgery import Skip
-from zephon_core.checkpoint.surgery import journal_of as surgery_of
+from zephon_core.checkpoint.surgery import Skip, SurgeryJournal, surgery_journal_of
 from zephon_core.curriculum.definition import parse_definition
 
 pytestmark = pytest.mark.e2e
@@ -102,7 +100,7 @@ def test_every_trained_step_holds_the_replay_of_the_journal_with_the_surgery(run
     from torchtitan_cpu.runs import steps_of
 
     root, _, document, _, (_, final) = runs
-    journal = surgery_of(final)
+    journal = surgery_journal_of(final)
     assert journal.skips == (Skip(SKIPPED, SKIPPED, 1),)
     assert [q.documents for q in journal.quarantines] == [(document,)]
     batches = (STEPS - 1) * C

@@ -17,7 +17,7 @@ import pytest
 from support.doc_commands import ROOT, after, find
 from torchtitan_cpu.runs import GLOBAL_BATCH, LOCAL_BATCH, launch, steps_of, surgery_recipe
 
-from zephon_core.checkpoint.surgery import Skip, journal_of
+from zephon_core.checkpoint.surgery import Skip, surgery_journal_of
 from zephon_core.integration.state_readers import load_state
 
 pytestmark = pytest.mark.e2e
@@ -79,7 +79,7 @@ def test_a_resume_on_another_degree_keeps_the_skip_and_journals_nothing_again(ru
     text = r["dp1"].log_text()
     assert "from dp=2 to dp=1" in text and JOURNALED not in text and "skipped by the surgery journal" not in text
     for run, step in (("skip", 8), ("dp1", STEPS)):
-        journal = journal_of(load_state(str(root / run / "checkpoint" / f"step-{step}")))
+        journal = surgery_journal_of(load_state(str(root / run / "checkpoint" / f"step-{step}")))
         assert journal.skips == (Skip(SPIKE, LAST, BATCHES_PER_STEP // C),) and not journal.quarantines
 
 

@@ -7,11 +7,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from zephon_core.curriculum.journal import DENOMINATOR, Journal
+from zephon_core.curriculum.journal import DENOMINATOR, MixingJournal
 
 
-def check_resumed_journal(journal: Journal | None, resumed: Journal | None, schedule: Mapping[int, Sequence[int]],
-                          names: Sequence[str], replayed: int) -> None:
+def check_resumed_journal(journal: MixingJournal | None, resumed: MixingJournal | None,
+                          schedule: Mapping[int, Sequence[int]], names: Sequence[str], replayed: int) -> None:
     """``resumed`` (the resume's final journal) holds ``journal``'s first ``replayed`` decisions whole and makes the
     others again, the same but for the digest of their inputs and the losses they journal (another data-parallel
     degree's losses differ in the last bits); every change of ``schedule`` is a decision at its weights."""

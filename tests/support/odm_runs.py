@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 
 from zephon_core.checkpoint.steering import Clock
-from zephon_core.checkpoint.surgery import Journal as SurgeryJournal
-from zephon_core.checkpoint.surgery import journal_of as surgery_of
+from zephon_core.checkpoint.surgery import SurgeryJournal, surgery_journal_of
 from zephon_core.curriculum.controllers import MixingInputs, bounded
-from zephon_core.curriculum.journal import DENOMINATOR, Journal, quantize
+from zephon_core.curriculum.journal import DENOMINATOR, MixingJournal, quantize
 from zephon_core.pipeline.builder import Pipeline
 from zephon_core.pipeline.mixing import Mixing, replay
 
@@ -42,7 +41,8 @@ def odm_recipe(root: Path, name: str, *, lanes: int, head: str = "", surgery: st
     return recipe
 
 
-def check_odm_resume(mixing: Mixing, clock: Clock | None, at_checkpoint: Journal | None, final: Journal | None,
+def check_odm_resume(mixing: Mixing, clock: Clock | None,
+                     at_checkpoint: MixingJournal | None, final: MixingJournal | None,
                      trained: Callable[[int, int], int], tokens_per_step: int) -> list[int]:
     """A resumed ODM run's journal ``final`` against its checkpoint's journal ``at_checkpoint`` and steering
     ``clock``; returns the steps of the decisions the resumed run made.
@@ -101,7 +101,7 @@ def replayed(make: Callable[[], Pipeline], state: Mapping[str, Any], batches: in
     p = replay(make(), state)
     if restore:
         p.restore(state)
-    p.surgery = surgery_of(state) if surgery is None else surgery
+    p.surgery = surgery_journal_of(state) if surgery is None else surgery
     out = Replayed({}, {})
     with p:
         for _, b in zip(range(batches), p):

@@ -7,8 +7,9 @@ from typing import Any
 
 from zephon_core.checkpoint.state import LaneState, make_state, parse_lanes, verify_checksum
 from zephon_core.checkpoint.steering import same_clock
-from zephon_core.checkpoint.surgery import journal_of as surgery_of
-from zephon_core.curriculum.journal import first_difference, journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
+from zephon_core.curriculum.definition import parse_definition
+from zephon_core.curriculum.journal import first_difference
 from zephon_core.errors import StateError
 
 
@@ -40,7 +41,7 @@ def merge_parsed(
     Returns the merged state and its lanes (the aggregation merges level by level).
     """
     first = states[0]
-    surgery = surgery_of(first)
+    surgery = surgery_journal_of(first)
     merged: dict[int, LaneState] = {}
     owner: dict[int, int] = {}
     for n, (st, lanes) in enumerate(zip(states, lanes_of)):
@@ -49,7 +50,7 @@ def merge_parsed(
             raise StateError(f"{labels[n]} has a different data definition than {labels[0]}: {'; '.join(diff_definitions(first['definition'], st['definition'])[:3])}")
         if st["canonical_replicas"] != first["canonical_replicas"]:
             raise StateError(f"{labels[n]} has canonical_replicas={st['canonical_replicas']}, {labels[0]} has {first['canonical_replicas']}")
-        if surgery_of(st) != surgery:
+        if surgery_journal_of(st) != surgery:
             raise StateError(f"{labels[n]} has another surgery journal than {labels[0]} (steps skipped): "
                              "every rank must be told the same skip before the same step")
         for lane, ls in lanes.items():
@@ -68,7 +69,7 @@ def merge_parsed(
 
 def _check_journal(leader: Mapping[str, Any], other: Mapping[str, Any], leader_label: str, label: str) -> None:
     """Refuse a state whose mixing journal differs from the leader's, naming the first differing decision."""
-    a, b = journal_of(leader), journal_of(other)
+    a, b = parse_definition(leader).journal, parse_definition(other).journal
     if a is None and b is None:
         return
     differs = first_difference(a, b)

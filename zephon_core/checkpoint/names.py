@@ -27,7 +27,6 @@ ROUND_FILE = "round.json"
 TMP_PREFIX = atomic.TMP_PREFIX  # what atomic.write_atomically names a write in flight
 _TOKEN = re.compile(r"[0-9a-f]{32}")
 _PART = re.compile(r"part-(0|[1-9][0-9]*)\.json")
-_MERGED = re.compile(r"merged-([0-9a-f]{32})\.json")
 
 
 def new_token() -> str:
@@ -50,8 +49,3 @@ def merged_file(token: str) -> str:
 def rank_of_part(name: str) -> int | None:
     m = _PART.fullmatch(name)
     return int(m.group(1)) if m else None
-
-
-def token_of_merged(name: str) -> str | None:
-    m = _MERGED.fullmatch(name)
-    return m.group(1) if m else None

@@ -33,7 +33,7 @@ from zephon_core.batch import Cursor
 from zephon_core.checkpoint.steering import FIELD as STEERING
 from zephon_core.checkpoint.steering import Clock, clock_of
 from zephon_core.checkpoint.surgery import FIELD as SURGERY
-from zephon_core.checkpoint.surgery import Journal, add_skips, journal_of, skip_of
+from zephon_core.checkpoint.surgery import SurgeryJournal, add_skips, skip_of, surgery_journal_of
 from zephon_core.errors import StateError
 from zephon_core.metrics import Tally
 from zephon_core.validation import require_int
@@ -99,7 +99,7 @@ def parse_lanes(state: Mapping[str, Any]) -> dict[int, LaneState]:
     C = _int(state["canonical_replicas"], "canonical_replicas", 1)
     if not isinstance(state["topology"], Mapping):
         raise StateError("state field topology must be a dict")
-    journal_of(state)
+    surgery_journal_of(state)
     clock_of(state)
     lanes_raw = state["lanes"]
     if not isinstance(lanes_raw, Mapping):
@@ -153,7 +153,7 @@ def verify_checksum(state: Mapping[str, Any]) -> None:
 
 
 def make_state(definition: Mapping[str, Any], C: int, topology: Mapping[str, Any], lanes: Mapping[int, LaneState],
-               surgery: Journal | None = None, clock: Clock | None = None) -> dict[str, Any]:
+               surgery: SurgeryJournal | None = None, clock: Clock | None = None) -> dict[str, Any]:
     """A state of ``lanes``; ``surgery`` (when not empty) is journaled in it and ``clock`` (a steered run's) kept,
     otherwise their fields are absent."""
     state: dict[str, Any] = {
@@ -186,6 +186,6 @@ def skip_in_state(state: Mapping[str, Any], first: int, last: int, batches_per_s
     lanes = parse_lanes(state)
     verify_checksum(state)
     skip = skip_of(first, last, batches_per_step, state["canonical_replicas"])
-    journal = add_skips(journal_of(state), [skip], lanes)
+    journal = add_skips(surgery_journal_of(state), [skip], lanes)
     return make_state(state["definition"], state["canonical_replicas"], state["topology"], lanes, journal,
                       clock_of(state))

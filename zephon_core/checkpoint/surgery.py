@@ -86,7 +86,7 @@ def refuse_begun(skip: Skip, lanes: Mapping[int, Any]) -> None:
                          f"skip from a checkpoint taken before step {skip.first}")
 
 
-def add_skips(journal: Journal, skips: Iterable[Skip], lanes: Mapping[int, Any]) -> Journal:
+def add_skips(journal: SurgeryJournal, skips: Iterable[Skip], lanes: Mapping[int, Any]) -> SurgeryJournal:
     """``journal`` with ``skips`` added, given ``lanes`` (lane -> its ``LaneState``: what each delivered): the one skip
     rule, behind ``zephon skip``, ``Pipeline.skip_steps``, a recipe's ``[surgery]`` (``apply_surgery``) and Megatron.
 
@@ -108,7 +108,7 @@ def add_skips(journal: Journal, skips: Iterable[Skip], lanes: Mapping[int, Any])
 
 
 @dataclass(frozen=True)
-class Journal:
+class SurgeryJournal:
     """What surgery a run has had; empty for almost every run."""
 
     skips: tuple[Skip, ...] = ()
@@ -117,15 +117,15 @@ class Journal:
     def __bool__(self) -> bool:
         return bool(self.skips or self.quarantines)
 
-    def with_skip(self, skip: Skip) -> Journal:
+    def with_skip(self, skip: Skip) -> SurgeryJournal:
         """This journal and ``skip`` (once; kept in step order), unchecked: a request goes through ``add_skips``."""
-        return self if skip in self.skips else Journal(tuple(sorted({*self.skips, skip})), self.quarantines)
+        return self if skip in self.skips else SurgeryJournal(tuple(sorted({*self.skips, skip})), self.quarantines)
 
-    def with_quarantine(self, q: Quarantine) -> Journal:
+    def with_quarantine(self, q: Quarantine) -> SurgeryJournal:
         """This journal and ``q`` (once; kept in the order given)."""
-        return self if q in self.quarantines else Journal(self.skips, (*self.quarantines, q))
+        return self if q in self.quarantines else SurgeryJournal(self.skips, (*self.quarantines, q))
 
-    def union(self, other: Journal) -> Journal:
+    def union(self, other: SurgeryJournal) -> SurgeryJournal:
         out = self
         for skip in other.skips:
             out = out.with_skip(skip)
@@ -151,7 +151,7 @@ class LaneSkips:
 
     __slots__ = ("_ranges",)
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: SurgeryJournal) -> None:
         self._ranges = sorted((r.start, r.stop) for r in (s.lane_batches() for s in journal.skips) if r)
 
     def __contains__(self, lane_index: int) -> bool:
@@ -162,11 +162,11 @@ def _checksum(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def journal_of(state: Mapping[str, Any]) -> Journal:
+def surgery_journal_of(state: Mapping[str, Any]) -> SurgeryJournal:
     """The journal of a state (empty when it has none); a malformed or altered journal is a StateError naming it."""
     raw = state.get(FIELD)
     if raw is None:
-        return Journal()
+        return SurgeryJournal()
     entries = ("skips", "quarantines")
     if (not isinstance(raw, Mapping) or set(raw) != {*entries, "checksum"}
             or not all(isinstance(raw[k], list) for k in entries)):
@@ -174,7 +174,7 @@ def journal_of(state: Mapping[str, Any]) -> Journal:
     if raw["checksum"] != _checksum({k: raw[k] for k in entries}):
         raise StateError(f"state field {FIELD}.checksum does not match its entries: the journal was altered "
                          "or corrupted")
-    journal = Journal(tuple(sorted({_skip(e, f"{FIELD}.skips[{n}]") for n, e in enumerate(raw["skips"])})),
+    journal = SurgeryJournal(tuple(sorted({_skip(e, f"{FIELD}.skips[{n}]") for n, e in enumerate(raw["skips"])})),
                       tuple(_quarantine(e, f"{FIELD}.quarantines[{n}]") for n, e in enumerate(raw["quarantines"])))
     if not journal:
         raise StateError(f"state field {FIELD} is empty: a state without surgery has no {FIELD} field")

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from zephon_core.checkpoint.state import parse_lanes, skip_in_state
-from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.errors import CliError
 from zephon_core.integration.state_readers import load_checked_state
 from zephon_core.io.atomic import write_atomically
@@ -33,7 +33,7 @@ def run(a: argparse.Namespace) -> int:
         data = (json.dumps(state) + "\n").encode()
         write_atomically(out, lambda f: f.write(data), durable=True)
         print(f"{out}: steps {first}..{last} ({B} batches a step) will be skipped on resume")
-    journal = journal_of(state)
+    journal = surgery_journal_of(state)
     at = max((ls.delivered for ls in lanes.values()), default=0)
     print(f"state at lane batch {at}; skips: " + (", ".join(str(s) for s in journal.skips) or "none")
           + "; quarantined: " + ("; ".join(str(q) for q in journal.quarantines) or "none"))

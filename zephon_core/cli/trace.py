@@ -38,10 +38,10 @@ def _quarantined(make: Any, journal: Any, names: list[str], delivered: list[Any]
                  progress: Progress) -> str:
     """One line: the quarantined documents the step held before the quarantine, now absent, and any it still holds
     (read before the quarantine took effect)."""
-    from zephon_core.checkpoint.surgery import Journal
+    from zephon_core.checkpoint.surgery import SurgeryJournal
 
     p = make()
-    p.surgery = Journal()
+    p.surgery = SurgeryJournal()
     before, _ = _step(p, a.step, B, progress)
     named = {(names.index(s), d) for q in journal.quarantines for s, d in q.documents if s in names}
     now = _documents(delivered)
@@ -55,7 +55,7 @@ def _quarantined(make: Any, journal: Any, names: list[str], delivered: list[Any]
 
 
 def run(a: argparse.Namespace) -> int:
-    from zephon_core.checkpoint.surgery import Journal
+    from zephon_core.checkpoint.surgery import SurgeryJournal
     from zephon_core.lane.assignment import owned_lanes
 
     recipe = load(a.recipe)
@@ -73,7 +73,7 @@ def run(a: argparse.Namespace) -> int:
     p = make()
     journal = p.surgery
     # Every step is cut, a skipped one too (the lanes cut it and moved past it); the header says what did not train.
-    p.surgery = Journal((), journal.quarantines)
+    p.surgery = SurgeryJournal((), journal.quarantines)
     names = [s.name for s in p.work_source.sources]
     progress = Progress(a.step * B * (2 if journal.quarantines else 1), a)
     batches, state = _step(p, a.step, B, progress)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_core.curriculum.journal import Journal, parse_journal
+from zephon_core.curriculum.journal import MixingJournal, parse_journal
 from zephon_core.curriculum.mixture_base import EXHAUSTION_POLICIES, largest_remainder
 from zephon_core.curriculum.stages import WEIGHT_BY, Stage
 from zephon_core.errors import StateError
@@ -122,7 +122,7 @@ class Curriculum:
     stages: tuple[StageEntry, ...]
     order: dict[str, Any] | None = None
     token_estimates: dict[str, Any] | None = None
-    journal: Journal | None = None  # a steered mixture's decisions (its stages from ``mix0`` on)
+    journal: MixingJournal | None = None  # a steered mixture's decisions (its stages from ``mix0`` on)
 
     @property
     def static(self) -> bool:
@@ -195,7 +195,7 @@ class Definition:
         return batch.get("batch_size") if batch else None
 
     @property
-    def journal(self) -> Journal | None:
+    def journal(self) -> MixingJournal | None:
         """A steered mixture's journal of decisions (None: the mixture is the recipe's alone)."""
         return self.work_source.journal if self.work_source is not None else None
 

@@ -90,7 +90,7 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class Journal:
+class MixingJournal:
     """The decisions of a steered mixture, in order; ``weight_by`` is how their stages weigh sources."""
 
     decisions: tuple[Decision, ...] = ()
@@ -103,8 +103,8 @@ class Journal:
     def digest(self) -> str:
         return digest_of(self.to_json())
 
-    def appended(self, decision: Decision) -> Journal:
-        return Journal((*self.decisions, decision), self.weight_by)
+    def appended(self, decision: Decision) -> MixingJournal:
+        return MixingJournal((*self.decisions, decision), self.weight_by)
 
     @staticmethod
     def stage_name(n: int) -> str:
@@ -112,7 +112,7 @@ class Journal:
         return f"mix{n}"
 
 
-def first_difference(a: Journal | None, b: Journal | None) -> str | None:
+def first_difference(a: MixingJournal | None, b: MixingJournal | None) -> str | None:
     """Where journal ``b`` first differs from ``a``, in one phrase; None when they are the same."""
     da, db = (a.decisions if a else ()), (b.decisions if b else ())
     if a is not None and b is not None and a.weight_by != b.weight_by:
@@ -153,7 +153,7 @@ def _figures(value: Any, where: str) -> dict[str, dict[str, Any]]:
             "loss_tokens": {str(k): _int(v, f"{where}.loss_tokens") for k, v in value["loss_tokens"].items()}}
 
 
-def parse_journal(value: Any, where: str = "definition.work_source.journal") -> Journal:
+def parse_journal(value: Any, where: str = "definition.work_source.journal") -> MixingJournal:
     """A definition's ``journal``, checked; a malformed one raises ``StateError`` naming the field."""
     if not isinstance(value, Mapping) or set(value) != _KEYS:
         raise _fail(where, f"must be a dict of exactly {', '.join(sorted(_KEYS))}", value)
@@ -178,11 +178,4 @@ def parse_journal(value: Any, where: str = "definition.work_source.journal") -> 
         out.append(Decision(_int(d["step"], f"{at}.step"), _int(d["start_chunk"], f"{at}.start_chunk"),
                             {str(k): int(w) for k, w in weights.items()}, d["controller"], dict(d["params"]),
                             d["inputs"], dict(d["state"]), _figures(d["figures"], f"{at}.figures")))
-    return Journal(tuple(out), value["weight_by"])
-
-
-def journal_of(definition: Mapping[str, Any]) -> Journal | None:
-    """The journal of a pipeline definition (``{"work_source": ..., "ops": ...}``), None when it has none."""
-    ws = definition.get("work_source") if isinstance(definition, Mapping) else None
-    raw = ws.get("journal") if isinstance(ws, Mapping) else None
-    return None if raw is None else parse_journal(raw)
+    return MixingJournal(tuple(out), value["weight_by"])

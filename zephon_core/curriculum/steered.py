@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zephon_core.curriculum.definition import parse_curriculum
-from zephon_core.curriculum.journal import Journal
+from zephon_core.curriculum.journal import MixingJournal
 from zephon_core.curriculum.mixture_base import Mixture
 from zephon_core.curriculum.stages import Stage, StagedMixture
 from zephon_core.curriculum.token_index import DocumentTokens, TokenCounter
@@ -29,7 +29,8 @@ from zephon_core.sources.base import Source
 class JournaledMixture(StagedMixture):
     """A ``StagedMixture`` whose stages from the recipe's on are a journal's decisions (``with_journal``)."""
 
-    def __init__(self, sources: Sequence[Source], stages: Sequence[Stage], journal: Journal, **kwargs: Any) -> None:
+    def __init__(self, sources: Sequence[Source], stages: Sequence[Stage], journal: MixingJournal,
+                 **kwargs: Any) -> None:
         super().__init__(sources, stages, **kwargs)
         self.journal = journal
 
@@ -40,7 +41,7 @@ class JournaledMixture(StagedMixture):
         return [*super().describe(), *describe_journal(self.journal)]
 
 
-def describe_journal(journal: Journal, most: int = 20) -> list[str]:
+def describe_journal(journal: MixingJournal, most: int = 20) -> list[str]:
     """The journal as ``explain`` and ``report`` print it: a header, then a line per decision (the last ``most``)."""
     shown = journal.decisions[-most:]
     out = [f"mixing journal: {len(journal.decisions)} decision(s), weight_by={journal.weight_by}, "
@@ -49,7 +50,7 @@ def describe_journal(journal: Journal, most: int = 20) -> list[str]:
     for n, d in enumerate(shown, first):
         params = ", ".join(f"{k}={v}" for k, v in d.params.items() if k != "entries" and v is not None)
         losses = ", ".join(f"{k} {'-' if v is None else f'{v:.4g}'}" for k, v in d.figures.get("mean_loss", {}).items())
-        out.append(f"  {Journal.stage_name(n)}: {d.summary()[:-1]}{', ' + params if params else ''}), "
+        out.append(f"  {MixingJournal.stage_name(n)}: {d.summary()[:-1]}{', ' + params if params else ''}), "
                    f"inputs {d.inputs[:12]}" + (f"; loss per token: {losses}" if losses else ""))
     return out
 
@@ -63,7 +64,7 @@ def recipe_stages(base: WorkSource) -> list[Stage]:
     return [st.stage(first=i == 0) for i, st in enumerate(curriculum.stages)]
 
 
-def with_journal(base: WorkSource, journal: Journal, token_counter: TokenCounter | None = None,
+def with_journal(base: WorkSource, journal: MixingJournal, token_counter: TokenCounter | None = None,
                  token_counts: Sequence[DocumentTokens] | None = None) -> StagedMixture:
     """``base`` (the recipe's mixture) with the journal's decisions appended as stages.
 
@@ -77,7 +78,8 @@ def with_journal(base: WorkSource, journal: Journal, token_counter: TokenCounter
     assert isinstance(base, Mixture)  # recipe_stages refuses any other work source
     for n, d in enumerate(journal.decisions):
         weights = {name: w for name, w in d.weights.items() if w}
-        stages.append(Stage(weights, Journal.stage_name(n), start_chunk=d.start_chunk, weight_by=journal.weight_by))
+        name = MixingJournal.stage_name(n)
+        stages.append(Stage(weights, name, start_chunk=d.start_chunk, weight_by=journal.weight_by))
     schedule = getattr(base, "schedule", None)
     known = token_counts if token_counts is not None else (schedule.tokens if schedule is not None else None)
     order = base.definition().get("order") or {}

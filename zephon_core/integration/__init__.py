@@ -33,9 +33,7 @@ live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds
 """
 
 from zephon_core.checkpoint.state import parse_lanes
-from zephon_core.checkpoint.surgery import Journal as SurgeryJournal
-from zephon_core.checkpoint.surgery import Skip, add_skips, skip_of
-from zephon_core.checkpoint.surgery import journal_of as surgery_journal_of
+from zephon_core.checkpoint.surgery import Skip, SurgeryJournal, add_skips, skip_of, surgery_journal_of
 from zephon_core.curriculum.journal import DENOMINATOR, Decision
 from zephon_core.errors import IntegrationError
 from zephon_core.integration.announce import lanes_line, restored_line, startup_line

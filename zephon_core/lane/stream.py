@@ -34,7 +34,7 @@ from zephon_core.lane.window import InOrder, ShuffleWindow
 class CutRecord(NamedTuple):
     """Batches ``first .. first + batches - 1`` of a lane, ``rows`` rows each: batch ``first + i`` holds the segments
     ``table[bounds[i]:bounds[i + 1]]``. One record per run of rows cut, so what a run of delivered batches held is
-    a slice of one table (``pipeline.engine.Ledger`` counts it), not a NumPy call per batch."""
+    a slice of one table (``pipeline.engine.Deliveries`` counts it), not a NumPy call per batch."""
 
     first: int
     batches: int
@@ -99,7 +99,7 @@ class LaneStream:
         self._rows = InOrder(feed, cursor) if shuffle is None else ShuffleWindow(feed, shuffle, cursor)
         self._produced = delivered
         self._ready: deque[Batch] = deque()  # cut, not yet handed out
-        self.cut_log: deque[CutRecord] = deque()  # what the batches cut hold, for the delivery ledger to count
+        self.cut_log: deque[CutRecord] = deque()  # what the batches cut hold, for the engine's Deliveries to count
         self._partial: tuple[RowBlock, Cursor] | None = None  # rows short of a batch, and the cursor after them
         self._ended = False
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from zephon_core.batch import Batch
 from zephon_core.checkpoint.state import LaneState, fingerprint_of, make_state, parse_lanes, verify_checksum
-from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.errors import ConfigError, StateError
 from zephon_core.live.plan import StepPlan, live_data_problems, plan_step
 from zephon_core.live.table import TableCodec
@@ -241,7 +241,7 @@ class LiveLanes:
         self._close_engine()
         # The peer's surgery journal too (a quarantine its durable checkpoint journaled): the lanes apply it, and a
         # group that started from another checkpoint would otherwise cut other batches from the same positions.
-        self._pipeline.surgery = journal_of(state)
+        self._pipeline.surgery = surgery_journal_of(state)
         self._committed, self._table, self._sent, self._step, self._attempt = slot, None, None, step, None
 
     def checkpoint(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 from zephon_core.batch import Batch, Cursor
 from zephon_core.checkpoint.state import LaneState, fingerprint_of, make_state, parse_lanes, verify_checksum
 from zephon_core.checkpoint.steering import Clock, clock_of
-from zephon_core.checkpoint.surgery import Journal, add_skips, journal_of, skip_of
+from zephon_core.checkpoint.surgery import SurgeryJournal, add_skips, skip_of, surgery_journal_of
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError, StateError
 from zephon_core.lane.ops import BatchOp, DocOp, FilterOp, MapOp, Op, PackOp, ShuffleOp, TokenizeOp
@@ -52,7 +52,7 @@ class Pipeline:
         self._opts = _options or Options()
         self._identity = resolve_identity(self._opts)
         self._restored_all: dict[int, LaneState] | None = None  # every lane of the restored state
-        self.surgery = Journal()  # steps skipped: from the restored state and skip_steps()
+        self.surgery = SurgeryJournal()  # steps skipped: from the restored state and skip_steps()
         self.clock: Clock | None = None  # a steered run's controller clock, kept in its states (MixingLoader sets it)
         self._run: RunFigures | None = None  # the lanes of the last merged or restored state, summed
         self._waited_before = 0.0  # seconds waited in next() by the pipelines this one was switched from
@@ -337,7 +337,7 @@ class Pipeline:
         _warn_if_uneven(ident, stacklevel=3)  # the adopted canonical_replicas may not divide this dp_degree
         self._identity = ident
         self._restored_all = lanes
-        self.surgery = journal_of(state).union(self.surgery)
+        self.surgery = surgery_journal_of(state).union(self.surgery)
         self.clock = clock_of(state)
         self._run = run_figures(self.work_source, lanes)
 

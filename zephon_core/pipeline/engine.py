@@ -65,7 +65,7 @@ class _LaneCount:
         self.bound = 0  # no batch before the lane's cursor reaches this lane chunk can count in another stage
 
 
-class Ledger:
+class Deliveries:
     """Per owned lane: the cursor, count and tally of the batches delivered to the caller.
 
     Recording a batch costs a few Python operations: what the delivered batches held is
@@ -166,7 +166,7 @@ class Engine:
             )
             for lane, st in start.items()
         }
-        self._ledger = Ledger(start, work_source, canonical_replicas, pack.seq_len + 1,
+        self._deliveries = Deliveries(start, work_source, canonical_replicas, pack.seq_len + 1,
                               {lane: stream.cut_log for lane, stream in self._streams.items()})
         self._stop = threading.Event()
         self._queue: queue.SimpleQueue[Any] | None = None
@@ -192,7 +192,7 @@ class Engine:
                     return
                 yield b
             return
-        produced = self._ledger.delivered()
+        produced = self._deliveries.delivered()
         live = set(self.lanes)
         while not self._stop.is_set():
             lane = next_lane(self.lanes, produced, live)
@@ -256,17 +256,17 @@ class Engine:
                 self._queue.put(item)
                 raise item
             b = item
-        self._ledger.waited_s += time.perf_counter() - t0
-        self._ledger.record(b)
+        self._deliveries.waited_s += time.perf_counter() - t0
+        self._deliveries.record(b)
         return b
 
     def lane_states(self, copy: bool = True) -> dict[int, LaneState]:
-        return self._ledger.lane_states(copy)
+        return self._deliveries.lane_states(copy)
 
     @property
     def waited_s(self) -> float:
         """Seconds the caller has spent inside ``next()``."""
-        return self._ledger.waited_s
+        return self._deliveries.waited_s
 
     def close(self) -> None:
         self._stop.set()

@@ -30,11 +30,11 @@ from zephon_core.batch import Batch
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import fingerprint_of
 from zephon_core.checkpoint.steering import Clock, clock_of
-from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.curriculum.controller_registry import controller_from, naming
 from zephon_core.curriculum.controllers import MixingController, MixingInputs, bounded
 from zephon_core.curriculum.definition import parse_definition
-from zephon_core.curriculum.journal import DENOMINATOR, Decision, Journal, quantize
+from zephon_core.curriculum.journal import DENOMINATOR, Decision, MixingJournal, quantize
 from zephon_core.curriculum.steered import with_journal
 from zephon_core.curriculum.token_index import DocumentTokens, TokenCounter
 from zephon_core.curriculum.work_source import WorkSource
@@ -168,7 +168,7 @@ def with_history(pipeline: Pipeline, state: Mapping[str, Any], token_counter: To
         if not where:
             raise
         raise type(e)(f"{where}: {e}") from None
-    p.surgery = journal_of(state)
+    p.surgery = surgery_journal_of(state)
     return p
 
 
@@ -189,7 +189,7 @@ class MixingLoader:
         self.mixing = mixing
         self._counter = mixing.token_counter or counter_of(pipeline)
         self._tokens: Sequence[DocumentTokens] | None = None
-        self.journal = Journal((), mixing.weight_by)
+        self.journal = MixingJournal((), mixing.weight_by)
         self._iter: Iterator[Batch] | None = None
         self._since_step = 0
         self._reset()
@@ -309,7 +309,7 @@ class MixingLoader:
         self.journal, self._iter = journal, None
         return decision
 
-    def _steered(self, journal: Journal) -> WorkSource:
+    def _steered(self, journal: MixingJournal) -> WorkSource:
         """The recipe's mixture with ``journal`` replayed; token counts are measured once a run."""
         ws = with_journal(self.base, journal, self._counter, self._tokens)
         schedule = getattr(ws, "schedule", None)

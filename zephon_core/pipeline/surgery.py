@@ -10,7 +10,7 @@ from typing import Any
 from zephon_core.batch import Cursor
 from zephon_core.checkpoint.state import make_state, parse_lanes
 from zephon_core.checkpoint.steering import clock_of
-from zephon_core.checkpoint.surgery import Journal, Quarantine
+from zephon_core.checkpoint.surgery import Quarantine, SurgeryJournal
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError, StateError
 from zephon_core.lane.chunks import LaneQuarantine
@@ -41,7 +41,8 @@ def quarantine_of(documents: Sequence[tuple[str, int]], work_source: WorkSource,
     return Quarantine(tuple(sorted(set(documents))), tuple(starts))
 
 
-def lane_quarantines(journal: Journal, work_source: WorkSource, lanes: Sequence[int]) -> dict[int, LaneQuarantine]:
+def lane_quarantines(journal: SurgeryJournal, work_source: WorkSource,
+                     lanes: Sequence[int]) -> dict[int, LaneQuarantine]:
     """Each of ``lanes``' documents to leave out, from the journal's quarantines (none: an empty dict)."""
     if not journal.quarantines:
         return {}

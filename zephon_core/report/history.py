@@ -21,7 +21,7 @@ import numpy as np
 
 from zephon_core.checkpoint.state import parse_lanes
 from zephon_core.curriculum.definition import parse_definition
-from zephon_core.curriculum.journal import Journal
+from zephon_core.curriculum.journal import MixingJournal
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import DataError
 from zephon_core.integration.batch_log import LoggedBatch
@@ -132,7 +132,7 @@ class Run:
     canonical_replicas: int
     notes: list[str] = field(default_factory=list)
     entered: list[tuple[int, int | None] | None] | None = None
-    journal: Journal | None = None
+    journal: MixingJournal | None = None
 
 
 def stage_entries(batches: Mapping[tuple[int, int], LoggedBatch], per_lane: int, n_stages: int) -> list[tuple[int, int | None] | None]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from zephon_core.checkpoint.merge import diff_definitions
 from zephon_core.checkpoint.state import parse_lanes
-from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.curriculum.definition import parse_definition
 from zephon_core.curriculum.steered import describe_journal
 from zephon_core.curriculum.work_source import WorkSource
@@ -129,7 +129,7 @@ def _run_of_checkpoints(paths: list[tuple[int | None, str]], a: ReportRequest) -
         c = _with_recipe_sizes(c, a, state)
     history, notes = history_of_states([(step, s) for step, _, s in dated], len(c.stages), len(c.sources))
     c = c.widened(*history.shape)
-    surgery = journal_of(state)
+    surgery = surgery_journal_of(state)
     p = _run_pipeline(a, state, dated[-1][1]) if surgery.skips else None
     if p is not None:
         delivered = [{lane: ls.delivered for lane, ls in parse_lanes(s).items()} for _, _, s in dated]
@@ -186,7 +186,7 @@ def _run_of_logs(logs: list[str], a: ReportRequest) -> Run:
     C = C or 1 + max(lane for lane, _ in batches)
     journal, surgery = None, None
     if steered is not None:
-        journal, surgery = parse_definition(steered["definition"]).journal, journal_of(steered)
+        journal, surgery = parse_definition(steered["definition"]).journal, surgery_journal_of(steered)
         if journal is None and not surgery:
             raise CliError(f"--journal {a.journal}: the checkpoint holds no mixing journal (not a steered run) "
                            "and no surgery journal")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zephon_core.curriculum.journal import DENOMINATOR, Journal
+from zephon_core.curriculum.journal import DENOMINATOR, MixingJournal
 from zephon_core.report.figures import shares_of
 from zephon_core.report.history import Run
 
@@ -40,16 +40,16 @@ class MixingPicture:
     notes: list[str] = field(default_factory=list)
 
 
-def _first_decided_stage(run: Run, journal: Journal) -> int:
+def _first_decided_stage(run: Run, journal: MixingJournal) -> int:
     """The index of stage ``mix0`` in the run's curriculum (the journal's stages are its last ones)."""
     first = len(run.curriculum.stages) - len(journal.decisions)
-    if first < 1 or run.curriculum.stages[first] != Journal.stage_name(0):
+    if first < 1 or run.curriculum.stages[first] != MixingJournal.stage_name(0):
         raise ValueError(f"the run's stages {run.curriculum.stages} do not end with the journal's "
                          f"{len(journal.decisions)} decision(s)")
     return first
 
 
-def _spans(run: Run, journal: Journal, first: int, x0: float, x1: float) -> list[tuple[int, float, float]]:
+def _spans(run: Run, journal: MixingJournal, first: int, x0: float, x1: float) -> list[tuple[int, float, float]]:
     """``(stage, from, to)`` over global steps: each decided stage from its decision on, and the recipe's stages
     before it where the input tells when they began (audit logs: the step the first lane entered; a checkpoint:
     only a recipe of one stage, which began with the run)."""
@@ -67,7 +67,7 @@ def _spans(run: Run, journal: Journal, first: int, x0: float, x1: float) -> list
     return [(i, a, b) for (i, a), b in zip(starts, ends) if b > a]
 
 
-def _weights(run: Run, journal: Journal, first: int, stage: int) -> list[float]:
+def _weights(run: Run, journal: MixingJournal, first: int, stage: int) -> list[float]:
     """Stage ``stage``'s shares per source: a decision's from the journal, a recipe stage's as planned."""
     names = run.curriculum.sources
     if stage >= first:
@@ -77,7 +77,7 @@ def _weights(run: Run, journal: Journal, first: int, stage: int) -> list[float]:
     return list(shares[stage][1]) if shares and stage < len(shares) else [np.nan] * len(names)
 
 
-def bin_width(journal: Journal, steps: int) -> int:
+def bin_width(journal: MixingJournal, steps: int) -> int:
     """Steps per realized share from audit logs: the shortest gap between decisions (a step alone holds a few
     documents, too few to read a share from), or a twentieth of the run with one decision."""
     at = [d.step for d in journal.decisions]
@@ -85,7 +85,7 @@ def bin_width(journal: Journal, steps: int) -> int:
     return max(1, min(gaps) if gaps else steps // 20)
 
 
-def mixing_picture(run: Run, journal: Journal, title: str) -> MixingPicture:
+def mixing_picture(run: Run, journal: MixingJournal, title: str) -> MixingPicture:
     """The steered run ``run`` (its ``journal``): weights, realized shares and the losses decided on."""
     c, h = run.curriculum, run.history
     first = _first_decided_stage(run, journal)

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.checkpoint.surgery import Journal
+from zephon_core.checkpoint.surgery import SurgeryJournal
 from zephon_core.metrics import Tally, sum_tallies
 from zephon_core.report.history import History
 
 
-def journal_notes(journal: Journal, left_out: bool) -> list[str]:
+def journal_notes(journal: SurgeryJournal, left_out: bool) -> list[str]:
     """One note a skip (whether its batches were ``left_out`` of the figures) and one a quarantine."""
     how = ("left out of these figures" if left_out else
            "still counted in these figures (the lanes moved past them): pass the run's --recipe (and its shape) to "
@@ -31,14 +31,15 @@ def journal_notes(journal: Journal, left_out: bool) -> list[str]:
                     for q in journal.quarantines]
 
 
-def skipped_figures(pipeline: Any, journal: Journal, delivered: Sequence[Mapping[int, int]]) -> list[tuple[Tally, int]]:
+def skipped_figures(pipeline: Any, journal: SurgeryJournal,
+                    delivered: Sequence[Mapping[int, int]]) -> list[tuple[Tally, int]]:
     """For each checkpoint (its lanes' ``delivered`` counts), the figures and number of the batches it counted that
     ``journal`` skipped. ``pipeline`` is the run's, on one group with every lane; it is iterated here."""
     stop = max(s.lane_batches().stop for s in journal.skips)
     skips = journal.skipper()
     assert skips is not None
     reach = {lane: min(stop, max(d.get(lane, 0) for d in delivered)) for m in delivered for lane in m}
-    pipeline.surgery = Journal((), journal.quarantines)  # cut the skipped batches too, as the lanes cut them
+    pipeline.surgery = SurgeryJournal((), journal.quarantines)  # cut the skipped batches too, as the lanes cut them
     found: list[tuple[int, int, Tally]] = []
     n_sources = len(pipeline.work_source.sources)
     with pipeline:

@@ -1,20 +1,31 @@
 """The source formats: the one list that recipes, ``zephon index`` and the CLI consult.
 
 A format is a ``FileSource`` subclass that names itself (``format_name``, a recipe's
-``format``) and the file suffixes it owns, and registers itself in its own module::
+``format``) and the file suffixes it owns, and registers itself in its own module. A
+text format indexed once and read by byte range is two short classes, one file and the
+many-file source naming it as its ``file_class`` (docs/architecture.md, "Adding a source";
+``jsonl.py``, ``webdataset.py``)::
+
+    class CsvFile(IndexedFile):
+        kind = "csv"
+        ...  # options() (for the fingerprint), _build_index, _plausible, read
 
     @register_format
-    class CsvSource(ShardedSource):
+    class CsvSource(TextShardedSource):
         format_name = "csv"
         kind = "csv"             # the data definition's name for it: never changes
         suffixes = (".csv",)
-        pretokenized = False
+        index_keys = ("starts", "lengths")  # the index arrays a manifest holds
+        file_class = CsvFile
 
-        @classmethod
-        def from_args(cls, args: SourceArgs) -> CsvSource:
-            return cls(args.path, args.text_field, name=args.name, access=args.access)
+        def __init__(self, path, text_field="text", *, name=None, storage_options=None, access=None):
+            self.text_field = text_field
+            self._init_files(path, name, storage_options, access or Access())
 
-        ...  # and what a ShardedSource defines: open_file (one file as a Source), __init__
+``TextShardedSource`` gives ``from_args``, ``open_file`` and the manifest's parts; a
+format of another shape (token arrays, a library's reader, its own manifest) starts from
+``ShardedSource`` or ``FileSource`` as docs/architecture.md says, and the module is
+imported in ``sources/__init__.py``, which registers it.
 
 Recipes find it by name (``source_format``), ``zephon index`` by a path's suffix
 (``guess_format``); an unknown name or suffix is a one-line error naming the field

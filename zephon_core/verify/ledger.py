@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core.checkpoint.state import parse_lanes, verify_checksum
-from zephon_core.checkpoint.surgery import LaneSkips, journal_of
+from zephon_core.checkpoint.surgery import LaneSkips, surgery_journal_of
 from zephon_core.errors import ConfigError, DataError
 from zephon_core.integration.batch_log import LoggedBatch
 from zephon_core.pipeline import Pipeline
@@ -210,7 +210,7 @@ def plan_of(state: Mapping[str, Any], batches_per_step: int, dp_degree: int | No
     if batches_per_step % C:
         raise ConfigError(f"batches per step {batches_per_step} must be a multiple of canonical_replicas {C}")
     G = dp_degree or state["topology"].get("dp_degree") or 1
-    return Plan({lane: ls.delivered for lane, ls in lanes.items()}, journal_of(state).skipper(),
+    return Plan({lane: ls.delivered for lane, ls in lanes.items()}, surgery_journal_of(state).skipper(),
                 batches_per_step // C, C // G)
 
 

@@ -42,21 +42,21 @@ LOG_EVERY = 100
 
 @contextlib.contextmanager
 def accounting_off() -> Iterator[None]:
-    """The delivery ledger keeping only the cursors, and the counters as no-ops: the loader before it counted."""
+    """The engine's Deliveries keeping only the cursors, and the counters as no-ops: the loader before it counted."""
     from zephon_core import metrics
-    from zephon_core.pipeline.engine import Ledger
+    from zephon_core.pipeline.engine import Deliveries
 
-    def cursors_only(self: Ledger, b: Any) -> None:
+    def cursors_only(self: Deliveries, b: Any) -> None:
         self._at[b.lane] = (b.cursor, b.lane_index + 1)
 
-    saved = (Ledger.record, metrics.Counters.add, metrics.Counters.timed)
-    Ledger.record = cursors_only  # type: ignore[method-assign]
+    saved = (Deliveries.record, metrics.Counters.add, metrics.Counters.timed)
+    Deliveries.record = cursors_only  # type: ignore[method-assign]
     metrics.Counters.add = lambda self, *a, **k: None  # type: ignore[method-assign]
     metrics.Counters.timed = lambda self, name: contextlib.nullcontext()  # type: ignore[method-assign]
     try:
         yield
     finally:
-        Ledger.record, metrics.Counters.add, metrics.Counters.timed = saved  # type: ignore[method-assign]
+        Deliveries.record, metrics.Counters.add, metrics.Counters.timed = saved  # type: ignore[method-assign]
 
 
 def pipelines(paths: dict[str, str], index_cache: str) -> dict[str, Callable[[], Any]]:

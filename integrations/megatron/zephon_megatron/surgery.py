@@ -25,9 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_core import StateError
-from zephon_core.integration import SurgeryJournal as Journal
-from zephon_core.integration import SurgeryRequest, add_skips, apply_surgery, parse_lanes, skip_of
-from zephon_core.integration import surgery_journal_of as journal_of
+from zephon_core.integration import (
+    SurgeryJournal,
+    SurgeryRequest,
+    add_skips,
+    apply_surgery,
+    parse_lanes,
+    skip_of,
+    surgery_journal_of,
+)
 from zephon_core.integration.announce import surgery_line
 from zephon_megatron.validate import ZephonMegatronError
 
@@ -46,7 +52,7 @@ class StartupSurgery:
     note: str = ""
 
 
-def unpassed_batches(journal: Journal, iteration: int, canonical_replicas: int) -> int:
+def unpassed_batches(journal: SurgeryJournal, iteration: int, canonical_replicas: int) -> int:
     """Batches of the skipped steps that end at ``iteration`` which the lanes have not moved past yet: they pass a
     skip when the step after it is read, so a state saved right after skipped iterations (the last ones of a run)
     holds that many fewer delivered batches than Megatron's consumed samples say; 0 after a step that trained."""
@@ -67,7 +73,7 @@ def ranges_of(steps: Iterable[int]) -> tuple[tuple[int, int], ...]:
     return tuple((a, b) for a, b in out)
 
 
-def _add(journal: Journal, request: SurgeryRequest, B: int, C: int, lanes: Mapping[int, Any]) -> Journal:
+def _add(journal: SurgeryJournal, request: SurgeryRequest, B: int, C: int, lanes: Mapping[int, Any]) -> SurgeryJournal:
     """``journal`` with ``request``'s skips under the core's one rule (``add_skips``, which ``apply_surgery`` applies
     on a loading rank), so every rank refuses or accepts alike."""
     try:
@@ -82,7 +88,7 @@ def skips_at_start(args: Any, recipe: SurgeryRequest, state: Mapping[str, Any] |
     every journaled step after ``args.iteration``. ``state``: the resumed loader state (None: a fresh run)."""
     iteration = int(getattr(args, "iteration", 0) or 0)
     asked = [int(s) for s in (getattr(args, "iterations_to_skip", None) or ())]
-    journal = journal_of(state) if state is not None else Journal()
+    journal = surgery_journal_of(state) if state is not None else SurgeryJournal()
     if ramps:
         if recipe.skips or journal.skips:
             raise ZephonMegatronError(

@@ -25,6 +25,7 @@ from zephon_core.integration import (
     MixingLoader,
     Skip,
     StartupPlan,
+    SurgeryJournal,
     Terms,
     apply_surgery,
     audited,
@@ -37,7 +38,6 @@ from zephon_core.integration import (
     startup_line,
     startup_plan,
 )
-from zephon_core.integration import SurgeryJournal as Journal
 from zephon_core.integration.announce import surgery_line
 from zephon_torchtitan.settings import (
     DEFAULT_STATE_CAPACITY as DEFAULT_STATE_CAPACITY,  # re-exported beside the slot it sizes
@@ -249,7 +249,7 @@ class ZephonStream:
         self.surgery()
 
     # -- surgery (docs/when_a_run_goes_wrong.md) -------------------------------------
-    def surgery(self) -> Journal:
+    def surgery(self) -> SurgeryJournal:
         """The pipeline's surgery journal, with the recipe's ``[surgery]`` table journaled into it the first time:
         after ``load_state_dict``'s restore, or before the first batch (or step) of a fresh run. What the journal
         holds already (a later resume with the table still in the recipe) is not journaled again."""

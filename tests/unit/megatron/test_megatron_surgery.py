@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from zephon_core.checkpoint.surgery import Skip, journal_of
+from zephon_core.checkpoint.surgery import Skip, surgery_journal_of
 from zephon_core.pipeline.surgery import SurgeryRequest
 
 torch = pytest.importorskip("torch")
@@ -67,7 +67,7 @@ def test_a_resume_journals_nothing_twice_and_ignores_flagged_steps_already_past(
     state = {**state, **p.checkpoint()}
     args = _args(iteration=5)
     skips_at_start(args, SurgeryRequest(), state, ramps=False, canonical_replicas=4)
-    assert args.iterations_to_skip == [6] and journal_of(state).skip_at(6)
+    assert args.iterations_to_skip == [6] and surgery_journal_of(state).skip_at(6)
 
 
 def test_a_skip_of_delivered_steps_is_refused_on_every_rank_naming_who_asked():

@@ -13,7 +13,7 @@ import pytest
 from support.cli import zephon
 
 from zephon_core.checkpoint.state import parse_lanes, skip_in_state
-from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.errors import StateError
 from zephon_core.pipeline.surgery import SurgeryRequest, apply_surgery
 from zephon_core.recipe import load_recipe
@@ -48,7 +48,7 @@ def _by_cli(state, first, last, batches, tmp: Path):
     if r.returncode:
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         raise StateError(r.stderr.strip())
-    return journal_of(json.loads(out.read_text())).skips
+    return surgery_journal_of(json.loads(out.read_text())).skips
 
 
 def _by_recipe(state, first, last, batches, tmp: Path):
@@ -72,7 +72,8 @@ def _by_megatron(state, first, last, batches, tmp: Path):
     surgery = pytest.importorskip("zephon_megatron.surgery")
     request = SurgeryRequest(((first, last),), where="r.toml: surgery")
     try:
-        return surgery._add(journal_of(state), request, batches, state["canonical_replicas"], parse_lanes(state)).skips
+        journal = surgery_journal_of(state)
+        return surgery._add(journal, request, batches, state["canonical_replicas"], parse_lanes(state)).skips
     except surgery.ZephonMegatronError as e:
         raise StateError(str(e)) from None
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from zephon_core import MemorySource, Pipeline, StaticMixture
 from zephon_core.checkpoint import merge_states
 from zephon_core.checkpoint.state import skip_in_state
-from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.errors import StateError
 from zephon_core.verify.simulate import Phase, first_mismatch, run_phase
 
@@ -41,7 +41,7 @@ def test_the_steps_after_a_skip_are_the_uninterrupted_steps_after_it(before, len
     first, state = run_phase(make, Phase(degrees[0], before), B, None)
     skipped = skip_in_state(json.loads(json.dumps(state)), before + 1, before + length, B)
     rest, later = run_phase(make, Phase(degrees[1], after), B, skipped)
-    assert journal_of(later) == journal_of(skipped)  # the journal travels through the merge
+    assert surgery_journal_of(later) == surgery_journal_of(skipped)  # the journal travels through the merge
     again, _ = run_phase(make, Phase(degrees[2], after), B, later)
     expected = reference[:before] + reference[before + length:]
     assert first_mismatch(first + rest + again, expected, provenance=True) is None
@@ -72,7 +72,7 @@ def _batch_digests(make, step: int) -> list[str]:
 
 def test_a_state_without_surgery_has_no_journal_field():
     _, state = run_phase(_maker(), Phase(2, 1), C, None)
-    assert "surgery" not in state and not journal_of(state)
+    assert "surgery" not in state and not surgery_journal_of(state)
 
 
 def test_an_altered_journal_or_a_skip_of_steps_already_trained_is_refused():

@@ -99,7 +99,7 @@ def test_a_recipe_the_journal_does_not_fit_is_refused(steered):
 def test_quarantine_edits_a_steered_state_and_the_run_resumes_from_it(steered, tmp_path):
     """A steered run's state is quarantined like any other (it was refused: 'resume with mixing on'); the steered
     run resumes from the new state and leaves the document out, everything else as it was."""
-    from zephon_core.checkpoint.surgery import journal_of
+    from zephon_core.checkpoint.surgery import surgery_journal_of
     from zephon_core.verify.simulate import Phase, run_phase
 
     path, _ = steered
@@ -111,7 +111,7 @@ def test_quarantine_edits_a_steered_state_and_the_run_resumes_from_it(steered, t
     r = cli("quarantine", str(MAIN), "--state", str(path), "--document", late, "--out", str(out))
     assert r.returncode == 0, r.stderr
     new = json.loads(out.read_text())
-    assert [str(q) for q in journal_of(new).quarantines] == [late]
+    assert [str(q) for q in surgery_journal_of(new).quarantines] == [late]
     assert new["definition"] == state["definition"] and new["lanes"] == state["lanes"]  # the journal stays whole
     resumed, _ = run_phase(_loader, Phase(2, 20), 8, new, after_step=_deciding(30))
     assert not any(p.startswith(late + "[") for r in resumed for p in _parts(r.segments))

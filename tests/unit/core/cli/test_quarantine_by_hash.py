@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support.cli import zephon
 
-from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.verify.ledger import content_hash
 from zephon_core.verify.simulate import Phase, run_phase
 
@@ -66,14 +66,14 @@ def test_a_hash_quarantines_every_copy_of_the_document(run):
     r, state = _quarantine(run, "--document", h, "--document", "dup.jsonl#7")
     copies = [("dup.jsonl", n) for n in COPIES]
     assert f"{h}: " + ", ".join(f"dup.jsonl#{n}" for n in COPIES) in r.stdout
-    assert journal_of(state).quarantines[0].documents == tuple(sorted([*copies, ("dup.jsonl", 7)]))
+    assert surgery_journal_of(state).quarantines[0].documents == tuple(sorted([*copies, ("dup.jsonl", 7)]))
 
 
 def test_the_ledger_parquet_gives_the_documents_the_scan_gives(run):
     out, _, h = run
     _, scanned = _quarantine(run, "--document", h)
     r, looked_up = _quarantine(run, "--document", h, "--ledger", str(out / "ledger.parquet"))
-    assert looked_up == scanned and len(journal_of(looked_up).quarantines[0].documents) == len(COPIES)
+    assert looked_up == scanned and len(surgery_journal_of(looked_up).quarantines[0].documents) == len(COPIES)
 
 
 def test_a_hash_no_document_has_is_refused_naming_it_and_where_it_looked(run):

@@ -13,7 +13,7 @@ import pytest
 from support.cli import zephon
 from support.doc_commands import documented
 
-from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.integration.batch_log import log_identity, log_line, parse_line
 from zephon_core.verify.simulate import Phase, first_mismatch, run_phase
 
@@ -54,7 +54,7 @@ def test_skip_journals_the_steps_and_the_resume_leaves_them_out(run_folder, tmp_
     assert r.returncode == 0, r.stderr
     assert "steps 4..5" in r.stdout
     skipped = json.loads(out.read_text())
-    assert [str(s) for s in journal_of(skipped).skips] == ["steps 4..5"]
+    assert [str(s) for s in surgery_journal_of(skipped).skips] == ["steps 4..5"]
     before = json.loads(state_path.read_text())
     assert skipped["lanes"] == before["lanes"]  # only the journal changed
     reference, _ = run_phase(_make, Phase(1, 8), 8, None)

@@ -25,7 +25,7 @@ from zephon_core.curriculum.controllers import (
     bounded,
 )
 from zephon_core.curriculum.definition import parse_definition
-from zephon_core.curriculum.journal import DENOMINATOR, Decision, Journal, parse_journal, quantize
+from zephon_core.curriculum.journal import DENOMINATOR, Decision, MixingJournal, parse_journal, quantize
 from zephon_core.curriculum.steered import with_journal
 from zephon_core.errors import ConfigError
 from zephon_core.pipeline.mixing import LocalFigures, Mixing, MixingLoader
@@ -76,7 +76,7 @@ def steered_run(controller_factory, phases, *, interval=1, prefetch=0, state=Non
             assert all(d == made[0] for d in made)
             journals.append(loaders[0].journal)
 
-    journals: list[Journal] = [Journal()]
+    journals: list[MixingJournal] = [MixingJournal()]
     for phase in phases:
         recs, state = run_phase(make, phase, C, state, after_step=after)
         state = json.loads(json.dumps(state))
@@ -84,7 +84,7 @@ def steered_run(controller_factory, phases, *, interval=1, prefetch=0, state=Non
     return records, state, journals[-1]
 
 
-def reference(journal: Journal, steps: int) -> list[StepRecord]:
+def reference(journal: MixingJournal, steps: int) -> list[StepRecord]:
     recs, _ = run_phase(lambda G, g: pipe(with_journal(base(), journal), G, g), Phase(1, steps), C, None)
     return recs
 
@@ -156,7 +156,7 @@ def test_a_rank_that_decided_differently_is_refused_at_the_merge_naming_it_and_t
     groups = []
     for gid, weights in enumerate([(2000, 3000, 5000), (2001, 2999, 5000)]):
         d = journal.decisions[1]
-        other = Journal((journal.decisions[0], Decision(d.step, d.start_chunk, dict(zip(NAMES, weights)),
+        other = MixingJournal((journal.decisions[0], Decision(d.step, d.start_chunk, dict(zip(NAMES, weights)),
                                                         d.controller, d.params, d.inputs, d.state)))
         p = pipe(with_journal(base(), other), 2, gid)
         groups.append(p.local_state())
@@ -173,7 +173,7 @@ def test_a_stage_at_a_chunk_a_lane_has_read_is_refused_loudly():
     for _ in range(40):
         next(it)
     assert p.read_frontier() > 3
-    late = Journal((Decision(40, 3, {"s0": 5000, "s1": 5000, "s2": 0}, "identity"),))
+    late = MixingJournal((Decision(40, 3, {"s0": 5000, "s1": 5000, "s2": 0}, "identity"),))
     with pytest.raises(StateError, match="changes the data from global chunk 3"):
         p.switched(with_journal(base(), late))
 
@@ -228,7 +228,7 @@ def test_controllers_from_recipe_keys_and_schedule_files(tmp_path):
 
 
 def test_a_malformed_journal_is_refused_naming_the_field():
-    good = Journal((Decision(5, 9, {"s0": 4000, "s1": 6000}, "odm", {"alpha": 0.9}, "ab", {"t": 1}),)).to_json()
+    good = MixingJournal((Decision(5, 9, {"s0": 4000, "s1": 6000}, "odm", {"alpha": 0.9}, "ab", {"t": 1}),)).to_json()
     assert parse_journal(json.loads(json.dumps(good))).to_json() == good
     bad = json.loads(json.dumps(good))
     bad["decisions"][0]["weights"]["s1"] = 5999

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_core import MemorySource, Pipeline, StaticMixture
-from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.errors import ConfigError
 from zephon_core.pipeline.surgery import quarantined_state
 from zephon_core.verify.simulate import Phase, run_phase
@@ -63,14 +63,15 @@ def test_a_quarantine_is_local_to_the_lanes_and_batches_that_held_its_documents(
     # A document of a chunk a lane has begun to read stays there (refilled as it was); the quarantine takes the
     # later ones, so the picks come from documents no lane had begun to read.
     probe = quarantined_state(make(1, 0), json.loads(json.dumps(state)), [("m", 0)])
-    starts = journal_of(probe).quarantines[0].from_chunks
+    starts = surgery_journal_of(probe).quarantines[0].from_chunks
     ws = make(1, 0).work_source
     early = {int(d) for lane in range(C) for k in range(starts[lane])
              for d in ws.chunks([lane + k * C])[0].documents}
     seen = sorted({d for batches in reference.values() for _, _, docs in batches for d in docs} - early)
     quarantined = {seen[p % len(seen)] for p in picks}
     q_state = quarantined_state(make(1, 0), json.loads(json.dumps(state)), [("m", d) for d in sorted(quarantined)])
-    assert [str(q) for q in journal_of(q_state).quarantines] == [", ".join(f"m#{d}" for d in sorted(quarantined))]
+    expected = [", ".join(f"m#{d}" for d in sorted(quarantined))]
+    assert [str(q) for q in surgery_journal_of(q_state).quarantines] == expected
     got, end = _lanes(make, G, 8, q_state)
     for lane, ref in reference.items():
         held = [n for n, (_, _, docs) in enumerate(ref) if quarantined & set(docs)]
@@ -81,7 +82,7 @@ def test_a_quarantine_is_local_to_the_lanes_and_batches_that_held_its_documents(
         assert not quarantined & {d for _, _, docs in got[lane] for d in docs}
         kept = [d for d in _order(ref) if d not in quarantined]
         assert _order(got[lane])[:len(kept) - 2] == kept[:len(kept) - 2]  # same order, the gap closed
-    assert journal_of(end) == journal_of(q_state)  # the quarantine travels in later states
+    assert surgery_journal_of(end) == surgery_journal_of(q_state)  # the quarantine travels in later states
 
 
 def test_a_quarantine_of_a_document_the_source_does_not_have_is_refused_naming_it():
@@ -100,7 +101,7 @@ def test_documents_of_a_chunk_a_lane_has_begun_to_read_stay_where_they_were(mode
     _, state = run_phase(make, Phase(2, 1), C, None)
     reference, _ = _lanes(make, 2, 4, state)
     probe = quarantined_state(make(1, 0), json.loads(json.dumps(state)), [("m", 0)])
-    starts = journal_of(probe).quarantines[0].from_chunks
+    starts = surgery_journal_of(probe).quarantines[0].from_chunks
     ws = make(1, 0).work_source
     early = {int(d) for lane in range(C) for k in range(starts[lane]) for d in ws.chunks([lane + k * C])[0].documents}
     got, _ = _lanes(make, 2, 4, quarantined_state(make(1, 0), json.loads(json.dumps(state)), [("m", d) for d in early]))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.errors import ConfigError, StateError
 from zephon_core.pipeline.surgery import apply_surgery
 from zephon_core.recipe import load_recipe
@@ -57,7 +57,7 @@ def test_the_table_skips_from_a_restored_state_and_stays_put_on_later_resumes(tm
     again = recipe.build_standalone(dp_degree=2, dp_group_id=1)
     again.restore(later)
     assert apply_surgery(again, recipe.surgery(), C) == []
-    assert journal_of(again.checkpoint()) == journal_of(later)
+    assert surgery_journal_of(again.checkpoint()) == surgery_journal_of(later)
 
 
 def test_a_skip_of_steps_already_trained_or_a_document_it_does_not_have_is_refused_naming_the_table(tmp_path):

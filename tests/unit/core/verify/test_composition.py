@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from zephon_core import MemorySource, Pipeline, Stage, StagedMixture
 from zephon_core.checkpoint.merge import merge_states
 from zephon_core.checkpoint.state import skip_in_state
-from zephon_core.checkpoint.surgery import Journal, journal_of
+from zephon_core.checkpoint.surgery import SurgeryJournal, surgery_journal_of
 from zephon_core.integration.batch_log import LogIdentity, log_line, run_fingerprint
 from zephon_core.live.simulate import Fault, simulate
 from zephon_core.pipeline.mixing import LocalFigures, Mixing, MixingLoader, with_history
@@ -158,7 +158,7 @@ def run_drawn(draw: Draw, tmp_path: Any) -> tuple[Run, dict[int, list[Sample]], 
     for n, ((kind, width, steps), op) in enumerate(zip(draw.segments, draw.ops)):
         launch = f"20261205T{n:06d}Z-1"
         at = 0 if state is None else _step_of(state, draw.per_lane)
-        if kind == "live" and state is not None and any(s.last > at for s in journal_of(state).skips):
+        if kind == "live" and state is not None and any(s.last > at for s in surgery_journal_of(state).skips):
             kind = "run"  # live mode refuses a skip still ahead of its lanes (zephon_core.live.plan)
         if kind == "live":
             def restored(slots: int, slot: int, st: Any = state) -> Pipeline:
@@ -190,7 +190,7 @@ def run_drawn(draw: Draw, tmp_path: Any) -> tuple[Run, dict[int, list[Sample]], 
         at = _step_of(state, draw.per_lane)
         first = at + 1 + op.get("skip", (0, 0))[0]
         last = first + op.get("skip", (0, 0))[1]
-        if "skip" in op and not any(s.first <= last and first <= s.last for s in journal_of(state).skips):
+        if "skip" in op and not any(s.first <= last and first <= s.last for s in surgery_journal_of(state).skips):
             state = skip_in_state(state, first, last, run.B)  # an overlapping one is refused (test_skip_rule)
             timeline.append(("skip", first, last))
         if "quarantine" in op:
@@ -212,7 +212,7 @@ def run_drawn(draw: Draw, tmp_path: Any) -> tuple[Run, dict[int, list[Sample]], 
 def reference(draw: Draw, timeline: list[Any], steps: int) -> tuple[dict[int, list[Sample]], list[Any]]:
     """The uninterrupted run on one group with the same operations at the same steps."""
     appended = next((t[1] for t in timeline if t[0] == "append"), None)
-    skips = Journal()
+    skips = SurgeryJournal()
     for t in timeline:
         if t[0] == "skip":
             skips = skips.with_skip(_skip(t[1], t[2], draw))
@@ -222,7 +222,7 @@ def reference(draw: Draw, timeline: list[Any], steps: int) -> tuple[dict[int, li
         samples: dict[int, list[Sample]] = defaultdict(list)
         p = run.make(1, 0)
         inner = p.pipeline if draw.steered else p
-        inner.surgery = Journal(skips.skips, tuple(quarantines))
+        inner.surgery = SurgeryJournal(skips.skips, tuple(quarantines))
         upto = steps if t is None else _trained_before(t[1], skips)
         batches: list[tuple[int, Any]] = []
         _steps(run, p, upto, batches)
@@ -243,7 +243,7 @@ def _skip(first: int, last: int, draw: Draw) -> Any:
     return skip_of(first, last, C * draw.per_lane, C)
 
 
-def _trained_before(step: int, skips: Journal) -> int:
+def _trained_before(step: int, skips: SurgeryJournal) -> int:
     """How many steps train up to global step ``step`` (the skipped ones do not)."""
     return sum(1 for s in range(1, step + 1) if skips.skip_at(s) is None)
 

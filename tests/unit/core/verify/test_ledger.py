@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from zephon_core import MemorySource, Pipeline, StaticMixture
 from zephon_core.checkpoint.state import skip_in_state
-from zephon_core.checkpoint.surgery import journal_of
+from zephon_core.checkpoint.surgery import surgery_journal_of
 from zephon_core.errors import DataError
 from zephon_core.integration.batch_log import log_line, parse_line
 from zephon_core.pipeline.surgery import quarantined_state
@@ -106,7 +106,7 @@ def test_on_random_recipes_the_ledger_from_logs_is_the_ledger_by_replay(phases, 
     skip = None if skip is None or skip[0] > skip[1] else skip
     _, lines, state = _run(phases, B, skip, make, [(f"s{d % recipe[0]}" if recipe[0] > 1 else "m", d)
                                                    for d in quarantined])
-    assert bool(journal_of(state).quarantines) == bool(quarantined)
+    assert bool(surgery_journal_of(state).quarantines) == bool(quarantined)
     logged = [(where, parse_line(line)) for where, line in lines]
     replayed = build_ledger(lambda: make(1, 0), state, B)
     from_logs = ledger_from_logs(logged, state, B, _sources(recipe[0]))
