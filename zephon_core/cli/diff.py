@@ -16,8 +16,9 @@ from zephon_core.integration.state_readers import load_checked_state
 def _resume_check(a: argparse.Namespace) -> int:
     """A checkpoint (``a.a``) against a recipe (``a.b``): would the recipe's pipeline resume from it,
     and why (or why not)."""
+    from zephon_core.integration.frameworks import framework_of
     from zephon_core.pipeline.mixing import with_history
-    from zephon_core.verify.shape import build, framework_of
+    from zephon_core.verify.shape import build
 
     state = load_checked_state(a.a)
     recipe = load(a.b)

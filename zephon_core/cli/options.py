@@ -6,15 +6,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from zephon_core.verify.shape import FRAMEWORKS, Shape
+from zephon_core.integration.frameworks import framework_names
+from zephon_core.verify.shape import Shape
 
 
 def add_shape_options(p: argparse.ArgumentParser) -> None:
     """``--framework``, ``--tokenizer``, ``--seq-len`` and ``--batch-size`` for a command that builds a pipeline."""
     g = p.add_argument_group("the run's shape", "a [standalone] recipe has its own (these override it); "
                              "for a training recipe, give them as the run has them (docs/cli.md)")
-    g.add_argument("--framework", choices=sorted(FRAMEWORKS),
-                   help="tokenize and default the sizes as this framework's adapter does")
+    g.add_argument("--framework", choices=framework_names(),
+                   help="tokenize and size as this framework's adapter does (its zephon.frameworks conventions)")
     g.add_argument("--tokenizer", metavar="PATH",
                    help="tokenizer.json or its folder (TorchTitan's hf_assets_path, Megatron's --tokenizer-model)")
     g.add_argument("--seq-len", type=int, help="tokens per row (training.seq_len, --seq-length)")

@@ -23,6 +23,9 @@ live mode, ``zephon_core.live`` (``tests/unit/project/test_code_shape.py`` holds
   ``read_batch_log`` reads it;
 * ``state_readers``: reading a state out of JSON or, through the readers adapters register, their
   framework's checkpoints (``StateReader``);
+* ``frameworks``: each framework's conventions as data (``FrameworkConventions``: BOS/EOS around each document,
+  default sizes, flag names), registered as ``zephon.frameworks`` entry points for ``--framework`` and
+  ``zephon diff`` (``framework_of``);
 * ``IntegrationError``: the one error type of an adapter's refusals;
 * steering and surgery, which an adapter drives step by step: ``MixingLoader``, ``Mixing``, ``LocalFigures``,
   a journaled ``Decision`` and its ``DENOMINATOR`` (``pipeline.mixing``, ``curriculum.journal``);

@@ -4,7 +4,9 @@ A ``[standalone]`` recipe names its tokenizer, ``seq_len`` and batch size; a
 training recipe leaves them to the framework, so the command line takes them
 as ``--tokenizer``, ``--seq-len`` and ``--batch-size``, and ``--framework``
 says whose conventions to follow, so that ``zephon trace`` prints the digests
-that framework's run logs:
+that framework's run logs. Each framework's conventions are declared once, as data, in
+``integration.frameworks`` (registered as ``zephon.frameworks`` entry points); ``framework_of`` matches a
+checkpoint's definition against them. TorchTitan's and Megatron's:
 
 ============  ======================================  =========================  ===================================
 framework     special tokens around each document     ``--seq-len`` default      ``--batch-size`` default
@@ -27,29 +29,10 @@ from typing import Any
 from zephon_core.curriculum.definition import parse_definition
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError
+from zephon_core.integration.frameworks import conventions, framework_names
 from zephon_core.lane.tokenizer_file import load_tokenizer, special_token_ids
 from zephon_core.pipeline import Pipeline
 from zephon_core.recipe import Recipe
-
-
-@dataclass(frozen=True)
-class Convention:
-    """What a framework's adapter adds around documents, and its default sizes (None: the framework has none)."""
-
-    bos: bool
-    seq_len: int | None
-    batch_size: int | None
-    seq_len_flag: str
-    batch_size_flag: str
-    tokenizer_flag: str
-
-
-FRAMEWORKS = {
-    "torchtitan": Convention(bos=True, seq_len=2048, batch_size=8, seq_len_flag="training.seq_len",
-                             batch_size_flag="training.local_batch_size", tokenizer_flag="hf_assets_path"),
-    "megatron": Convention(bos=False, seq_len=None, batch_size=None, seq_len_flag="--seq-length",
-                           batch_size_flag="--micro-batch-size", tokenizer_flag="--tokenizer-model"),
-}
 
 
 @dataclass(frozen=True)
@@ -67,13 +50,6 @@ class Shape:
             return self
         d = parse_definition(definition)
         return Shape(self.tokenizer, self.seq_len or d.seq_len, self.batch_size or d.batch_size, self.framework)
-
-
-def framework_of(definition: Mapping[str, Any]) -> str:
-    """The framework whose tokenization a checkpoint's ``definition`` shows: BOS before each document is
-    TorchTitan's, EOD alone Megatron's (a pretokenized run shows neither; its sizes are in the definition)."""
-    tokenize = parse_definition(definition).op("tokenize")
-    return "torchtitan" if tokenize is not None and tokenize.get("bos_id") is not None else "megatron"
 
 
 def work_source(recipe: Recipe, shape: Shape) -> WorkSource:
@@ -117,10 +93,10 @@ def _standalone(recipe: Recipe, shape: Shape, options: dict[str, Any]) -> Pipeli
 def _training(recipe: Recipe, shape: Shape, options: dict[str, Any]) -> Pipeline:
     if shape.framework is None:
         raise ConfigError(
-            f"{recipe.path} is a training recipe (no [standalone]): pass --framework torchtitan or --framework megatron "
+            f"{recipe.path} is a training recipe (no [standalone]): pass --framework {' or '.join(framework_names())} "
             "(whose tokenization and default sizes to follow), with --tokenizer, --seq-len and --batch-size as the run has them"
         )
-    conv = FRAMEWORKS[shape.framework]
+    conv = conventions(shape.framework)
     seq_len = shape.seq_len or conv.seq_len
     batch_size = shape.batch_size or conv.batch_size
     missing = [f"--seq-len (the run's {conv.seq_len_flag})"] if seq_len is None else []
@@ -135,5 +111,5 @@ def _training(recipe: Recipe, shape: Shape, options: dict[str, Any]) -> Pipeline
         assert shape.tokenizer is not None
         tokenizer = load_tokenizer(shape.tokenizer, "--tokenizer")
         bos, eos = special_token_ids(shape.tokenizer, tokenizer)
-        bos = bos if conv.bos else None
+        bos, eos = (bos if conv.bos else None), (eos if conv.eos else None)
     return recipe.build(seq_len=seq_len, batch_size=batch_size, tokenizer=tokenizer, bos_id=bos, eos_id=eos, **options)
