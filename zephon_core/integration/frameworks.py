@@ -52,14 +52,17 @@ MEGATRON = FrameworkConventions("megatron", bos=False, eos=True, seq_len=None, b
 
 
 def framework_names() -> list[str]:
-    """The registered frameworks' names, sorted (cheap: nothing is imported)."""
-    return sorted({ep.name for ep in metadata.entry_points(group=GROUP)})
+    """The registered frameworks' names, sorted (cheap: nothing is imported): the core's own two and every entry
+    point's."""
+    return sorted({TORCHTITAN.name, MEGATRON.name} | {ep.name for ep in metadata.entry_points(group=GROUP)})
 
 
 def registered() -> dict[str, FrameworkConventions]:
-    """Every registered framework's conventions, by name; an entry point that is not a ``FrameworkConventions``
-    (or names another framework) is refused, naming it."""
-    out = {}
+    """Every registered framework's conventions, by name: the two the core ships, then each entry point (an adapter's
+    own, or one of these two again); an entry point that is not a ``FrameworkConventions`` (or names another
+    framework) is refused, naming it. The core's own two do not depend on the installed metadata: a clone whose
+    metadata predates an entry point still knows them."""
+    out = {TORCHTITAN.name: TORCHTITAN, MEGATRON.name: MEGATRON}
     for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name):
         conv = ep.load()
         if not isinstance(conv, FrameworkConventions) or conv.name != ep.name:
