@@ -186,6 +186,13 @@ def skip_in_state(state: Mapping[str, Any], first: int, last: int, batches_per_s
     lanes = parse_lanes(state)
     verify_checksum(state)
     skip = skip_of(first, last, batches_per_step, state["canonical_replicas"])
-    journal = add_skips(surgery_journal_of(state), [skip], lanes)
-    return make_state(state["definition"], state["canonical_replicas"], state["topology"], lanes, journal,
-                      clock_of(state))
+    return with_surgery(state, add_skips(surgery_journal_of(state), [skip], lanes), lanes)
+
+
+def with_surgery(state: Mapping[str, Any], journal: SurgeryJournal,
+                 lanes: Mapping[int, LaneState] | None = None) -> dict[str, Any]:
+    """``state`` (checked) with ``journal`` as its surgery journal and everything else as it was (its lanes,
+    ``lanes`` when already parsed, and its steering clock): the one way a state is edited (``zephon skip``,
+    ``zephon quarantine``)."""
+    return make_state(state["definition"], state["canonical_replicas"], state["topology"],
+                      parse_lanes(state) if lanes is None else lanes, journal, clock_of(state))

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_core.batch import Cursor
-from zephon_core.checkpoint.state import make_state, parse_lanes
-from zephon_core.checkpoint.steering import clock_of
+from zephon_core.checkpoint.state import with_surgery
 from zephon_core.checkpoint.surgery import Quarantine, SurgeryJournal
 from zephon_core.curriculum.work_source import WorkSource
 from zephon_core.errors import ConfigError, StateError
@@ -60,9 +59,7 @@ def quarantined_state(pipeline: Any, state: Mapping[str, Any], documents: Sequen
     run's (any group: it is restored from the state and not iterated)."""
     pipeline.restore(state)
     pipeline.quarantine(documents)
-    lanes = parse_lanes(state)
-    return make_state(state["definition"], state["canonical_replicas"], state["topology"], lanes, pipeline.surgery,
-                      clock_of(state))
+    return with_surgery(state, pipeline.surgery)
 
 
 def steps_of(text: str, where: str) -> tuple[int, int]:
