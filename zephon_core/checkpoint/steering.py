@@ -20,13 +20,13 @@ data's definition: it changes at every step, the data only at a decision. Every 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_core.checkpoint.surgery import body_checksum
 from zephon_core.errors import StateError
 
 FIELD = "steering"
@@ -46,16 +46,8 @@ class Clock:
     def to_json(self) -> dict[str, Any]:
         body = {"asked_at": self.asked_at, "controller": self.controller, "state": json.loads(json.dumps(self.state)),
                 "loss_sum": list(self.loss_sum), "loss_tokens": list(self.loss_tokens)}
-        return {**body, "checksum": _checksum(body)}
+        return {**body, "checksum": body_checksum(body)}
 
-    def describe(self) -> str:
-        """One line for ``inspect`` and ``report``."""
-        return (f"steering clock: controller {self.controller!r} last asked after step {self.asked_at}, "
-                f"{sum(self.loss_tokens)} loss token(s) of the next interval summed")
-
-
-def _checksum(body: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def clock_of(state: Mapping[str, Any]) -> Clock | None:
@@ -66,7 +58,7 @@ def clock_of(state: Mapping[str, Any]) -> Clock | None:
         return None
     if not isinstance(raw, Mapping) or set(raw) != {*_KEYS, "checksum"}:
         raise StateError(f"state field {FIELD} must have exactly the fields {', '.join(sorted({*_KEYS, 'checksum'}))}")
-    if raw["checksum"] != _checksum({k: raw[k] for k in _KEYS}):
+    if raw["checksum"] != body_checksum({k: raw[k] for k in _KEYS}):
         raise StateError(f"state field {FIELD}.checksum does not match its content: the clock was altered or corrupted")
     sums, tokens = raw["loss_sum"], raw["loss_tokens"]
     if (type(raw["asked_at"]) is not int or raw["asked_at"] < 0 or not isinstance(raw["controller"], str)

@@ -143,7 +143,7 @@ class SurgeryJournal:
 
     def to_json(self) -> dict[str, Any]:
         body = {"skips": [s.to_json() for s in self.skips], "quarantines": [q.to_json() for q in self.quarantines]}
-        return {**body, "checksum": _checksum(body)}
+        return {**body, "checksum": body_checksum(body)}
 
 
 class LaneSkips:
@@ -158,7 +158,9 @@ class LaneSkips:
         return any(lo <= lane_index < hi for lo, hi in self._ranges)
 
 
-def _checksum(body: Mapping[str, Any]) -> str:
+def body_checksum(body: Mapping[str, Any]) -> str:
+    """sha256 of a state field's body as canonical JSON: the own checksum of an optional field (the surgery
+    journal, the steering clock) that catches an edit of that field alone."""
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -171,7 +173,7 @@ def surgery_journal_of(state: Mapping[str, Any]) -> SurgeryJournal:
     if (not isinstance(raw, Mapping) or set(raw) != {*entries, "checksum"}
             or not all(isinstance(raw[k], list) for k in entries)):
         raise StateError(f"state field {FIELD} must have exactly the fields checksum, quarantines and skips (lists)")
-    if raw["checksum"] != _checksum({k: raw[k] for k in entries}):
+    if raw["checksum"] != body_checksum({k: raw[k] for k in entries}):
         raise StateError(f"state field {FIELD}.checksum does not match its entries: the journal was altered "
                          "or corrupted")
     journal = SurgeryJournal(tuple(sorted({_skip(e, f"{FIELD}.skips[{n}]") for n, e in enumerate(raw["skips"])})),

@@ -239,15 +239,15 @@ class MixingLoader:
                                   f"by {journal.weight_by!r}; set weight_by = {journal.weight_by!r}")
             self.pipeline = self.pipeline.with_work_source(self._steered(journal))
             self.journal = journal
-            last = journal.decisions[-1]
-            self._since_step = last.step
-            mine = [d for d in journal.decisions if d.controller == self.mixing.controller.name]
-            if mine and clock is None:
-                self.mixing.controller.load_state(mine[-1].state)
         if clock is not None:
             self._since_step = clock.asked_at
             self.mixing.controller.load_state(clock.state)
             self._loss_sum, self._loss_tokens = list(clock.loss_sum), list(clock.loss_tokens)
+        elif journal is not None and journal.decisions:  # a state written before clocks were kept
+            self._since_step = journal.decisions[-1].step
+            mine = [d for d in journal.decisions if d.controller == self.mixing.controller.name]
+            if mine:
+                self.mixing.controller.load_state(mine[-1].state)
         self.pipeline.restore(state)
         self._iter = None
 
